@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs what hyper_ac needs on a fresh Debian 12 / Python 3.11 machine.
+# Idempotent: each step checks first, so a second run takes seconds.
+set -euo pipefail
+PY=${PYTHON:-python3}
+
+need_apt=()
+for pkg in libboost-graph-dev nlohmann-json3-dev catch2; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
+done
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "[install] apt: ${need_apt[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+# torch is pinned exactly: the CPU build lies on disk; anything looser pulls a CUDA build.
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '2.13.0' else 1)" 2>/dev/null; then
+  echo "[install] pip: torch==2.13.0"
+  "$PY" -m pip install -q torch==2.13.0
+fi
+
+pip_pkgs=(pybind11 scikit-build-core pyyaml pytest numpy networkx transformers matplotlib tqdm)
+missing=()
+for p in "${pip_pkgs[@]}"; do
+  mod=$p
+  case $p in
+    scikit-build-core) mod=scikit_build_core ;;
+    pyyaml) mod=yaml ;;
+  esac
+  "$PY" -c "import $mod" 2>/dev/null || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "[install] pip: ${missing[*]}"
+  # torch==2.13.0 stays pinned so no dependency drags a newer build in.
+  "$PY" -m pip install -q "${missing[@]}" torch==2.13.0
+fi
