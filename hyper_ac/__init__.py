@@ -1,0 +1,30 @@
+"""hyper_ac: activation checkpointing for PyTorch joint forward+backward graphs.
+
+The C++ core (``hyper_ac._core``) makes every save/recompute decision; this
+package captures graphs, serialises them, applies the core's plan back to FX
+and plugs into ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# Submodules import torch; load them on first use so `import hyper_ac` is cheap.
+_LAZY = {
+    "capture": ("hyper_ac.capture", "capture"),
+    "serialize": ("hyper_ac.serialize", "serialize"),
+    "ActivationCheckpointPass": ("hyper_ac.passes", "ActivationCheckpointPass"),
+    "backend": ("hyper_ac.backend", "backend"),
+    "load_config": ("hyper_ac.config", "load_config"),
+    "pareto": ("hyper_ac.passes", "pareto"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module_name, attr = _LAZY[name]
+        return getattr(importlib.import_module(module_name), attr)
+    raise AttributeError(f"module 'hyper_ac' has no attribute {name!r}")
