@@ -13,9 +13,9 @@ from typing import Any
 __version__ = "0.1.0"
 
 # Submodules import torch; load them on first use so `import hyper_ac` is cheap.
+# `hyper_ac.capture`, `hyper_ac.serialize`, `hyper_ac.memory` and
+# `hyper_ac.eager` are modules, imported as usual.
 _LAZY = {
-    "capture": ("hyper_ac.capture", "capture"),
-    "serialize": ("hyper_ac.serialize", "serialize"),
     "ActivationCheckpointPass": ("hyper_ac.passes", "ActivationCheckpointPass"),
     "backend": ("hyper_ac.backend", "backend"),
     "load_config": ("hyper_ac.config", "load_config"),
