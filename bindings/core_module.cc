@@ -1,0 +1,85 @@
+// hyper_ac._core: the torch-free core, exposed with JSON strings in and out.
+#include <pybind11/pybind11.h>
+
+#include <string>
+
+#include "hyper_ac/config.h"
+#include "hyper_ac/graph.h"
+#include "hyper_ac/plan.h"
+
+namespace py = pybind11;
+using namespace hyper_ac;
+
+namespace {
+
+PlanOptions plan_options(const std::string& config_json, const std::string& op_policy_json) {
+  PlanOptions options;
+  options.config = parse_config(config_json);
+  options.op_policy = op_policy_json.empty() ? OpPolicyTable{} : parse_op_policy(op_policy_json);
+  return options;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "hyper_ac C++ core: graph loading, tagging, remat planning (torch-free)";
+  py::register_exception<GraphError>(m, "GraphError", PyExc_ValueError);
+  py::register_exception<ConfigError>(m, "ConfigError", PyExc_ValueError);
+  py::register_exception<ScopeError>(m, "ScopeError", PyExc_ValueError);
+  py::register_exception<PlanError>(m, "PlanError", PyExc_RuntimeError);
+  m.attr("GRAPH_FORMAT_VERSION") = kGraphFormatVersion;
+
+  m.def("load_graph_summary", [](const std::string& graph_json) {
+    auto loaded = load_graph(graph_json);
+    return format_summary(summarize(loaded.graph));
+  }, py::arg("graph_json"), "Load and validate a graph; return its summary text.");
+
+  m.def("graph_summary", [](const std::string& graph_json) {
+    auto loaded = load_graph(graph_json);
+    auto s = summarize(loaded.graph);
+    py::dict d;
+    d["nodes"] = s.nodes;
+    d["forward_nodes"] = s.forward_nodes;
+    d["backward_nodes"] = s.backward_nodes;
+    d["placeholders"] = s.placeholders;
+    d["parameters"] = s.parameters;
+    d["activation_bytes_read_by_backward"] = s.activation_bytes_read_by_backward;
+    d["activations_read_by_backward"] = s.activations_read_by_backward;
+    d["forward_flops"] = s.forward_flops;
+    d["backward_flops"] = s.backward_flops;
+    return d;
+  }, py::arg("graph_json"), "Load and validate a graph; return its summary as a dict.");
+
+  m.def("print_graph", [](const std::string& graph_json) {
+    return print_graph(load_graph(graph_json).graph);
+  }, py::arg("graph_json"), "Stable text form of a graph.");
+
+  m.def("roundtrip", [](const std::string& graph_json) {
+    return graph_to_json(load_graph(graph_json).graph);
+  }, py::arg("graph_json"), "Load a graph and re-emit its canonical JSON.");
+
+  m.def("validate_config", [](const std::string& config_json) {
+    return config_to_json(parse_config(config_json));
+  }, py::arg("config_json"), "Validate a config; return its canonical JSON.");
+
+  m.def("validate_op_policy", [](const std::string& table_json) {
+    parse_op_policy(table_json);
+  }, py::arg("table_json"));
+
+  m.def("plan", [](const std::string& graph_json, const std::string& config_json, const std::string& op_policy_json) {
+    py::gil_scoped_release release;
+    auto loaded = load_graph(graph_json);
+    auto result = make_plan(loaded.graph, plan_options(config_json, op_policy_json));
+    return plan_to_json(loaded.graph, result);
+  }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = "",
+     "Plan save/recompute for a graph; return the plan JSON.");
+
+  m.def("print_plan", [](const std::string& graph_json, const std::string& config_json, const std::string& op_policy_json) {
+    auto loaded = load_graph(graph_json);
+    auto result = make_plan(loaded.graph, plan_options(config_json, op_policy_json));
+    PrintOptions print;
+    print.annotations = policy_annotations(loaded.graph, result);
+    return print_graph(loaded.graph, print);
+  }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = "",
+     "The graph's text form annotated with each node's policy and duplicate placement.");
+}

@@ -1,0 +1,88 @@
+// hyper-ac-plan: load and validate a graph JSON; with --config, plan it.
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+#include "hyper_ac/config.h"
+#include "hyper_ac/graph.h"
+#include "hyper_ac/plan.h"
+
+namespace {
+
+const char* kUsage =
+    "usage: hyper-ac-plan GRAPH.json [--config CONFIG.json] [--op-policy TABLE.json] [--print] [--json]\n"
+    "  Loads and validates GRAPH.json (docs/graph-format.md) and prints its summary.\n"
+    "  --config     plan it with this config (JSON; `python -m hyper_ac config FILE.yaml` converts YAML)\n"
+    "  --op-policy  the operator table (JSON; `python -m hyper_ac op-policy` prints the default)\n"
+    "  --print      print the graph's text form (annotated with policies when planning)\n"
+    "  --json       print the plan JSON instead of the summary\n";
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot open '" + path + "'");
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string graph_path, config_path, table_path;
+  bool print = false, as_json = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto value = [&](const char* flag) -> std::string {
+      if (i + 1 >= argc) {
+        std::cerr << "hyper-ac-plan: " << flag << " needs a file\n" << kUsage;
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (arg == "--config") config_path = value("--config");
+    else if (arg == "--op-policy") table_path = value("--op-policy");
+    else if (arg == "--print") print = true;
+    else if (arg == "--json") as_json = true;
+    else if (arg == "-h" || arg == "--help") { std::cout << kUsage; return 0; }
+    else if (!arg.empty() && arg[0] == '-') { std::cerr << "hyper-ac-plan: unknown option " << arg << "\n" << kUsage; return 2; }
+    else if (graph_path.empty()) graph_path = arg;
+    else { std::cerr << "hyper-ac-plan: more than one graph given\n" << kUsage; return 2; }
+  }
+  if (graph_path.empty()) {
+    std::cerr << kUsage;
+    return 2;
+  }
+  try {
+    auto loaded = hyper_ac::load_graph(read_file(graph_path));
+    if (config_path.empty()) {
+      if (print) std::cout << hyper_ac::print_graph(loaded.graph);
+      std::cout << hyper_ac::format_summary(hyper_ac::summarize(loaded.graph));
+      return 0;
+    }
+    hyper_ac::PlanOptions options;
+    options.config = hyper_ac::parse_config(read_file(config_path));
+    if (!table_path.empty()) options.op_policy = hyper_ac::parse_op_policy(read_file(table_path));
+    auto result = hyper_ac::make_plan(loaded.graph, options);
+    if (as_json) {
+      std::cout << hyper_ac::plan_to_json(loaded.graph, result) << "\n";
+      return 0;
+    }
+    if (print) {
+      hyper_ac::PrintOptions print_options;
+      print_options.annotations = hyper_ac::policy_annotations(loaded.graph, result);
+      std::cout << hyper_ac::print_graph(loaded.graph, print_options);
+    }
+    std::cout << hyper_ac::format_summary(hyper_ac::summarize(loaded.graph));
+    const auto& s = result.remat.stats;
+    std::cout << "mode: " << hyper_ac::to_string(result.mode) << ", regions: " << result.scope.regions.size()
+              << ", duplicated: " << s.nodes_duplicated << ", saved for backward: "
+              << hyper_ac::format_bytes(s.saved_bytes_before) << " -> " << hyper_ac::format_bytes(s.saved_bytes_after)
+              << "\n";
+    for (const auto& d : result.diagnostics) std::cout << d.level << ": " << d.message << "\n";
+    return 0;
+  } catch (const std::exception& error) {
+    std::cerr << "hyper-ac-plan: " << graph_path << ": " << error.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,91 @@
+// The pass configuration: parsed from JSON (the Python side turns YAML into
+// JSON; the CLI reads JSON directly), validated with errors that name the key.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "hyper_ac/scope.h"
+
+namespace hyper_ac {
+
+class ConfigError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+enum class Mode { Off, Full, Selective, Auto, Budget };
+const char* to_string(Mode mode);
+
+// Operator policy table for `selective` (configs/op_policy.yaml). Entries are
+// operator names with or without overload ("aten::mm" matches "aten::mm.default").
+struct OpPolicyTable {
+  std::vector<std::string> must_save;
+  std::vector<std::string> must_recompute;
+  std::vector<std::string> prefer_save;
+  // Collectives always saved (all-to-all, reduce-scatter, in-place allreduce, MoE dispatch/combine).
+  std::vector<std::string> saved_collectives;
+  // Forward all-gathers, saved only with save_forward_all_gather.
+  std::vector<std::string> all_gathers;
+  // Ops whose policy is inherited from their producer (getitem, wait_tensor).
+  std::vector<std::string> transparent;
+};
+
+// Roofline hardware profile for recompute cost (min-cut modes).
+struct HardwareProfile {
+  std::string name = "cpu";
+  double peak_flops = 1.0e11;         // FLOP/s
+  double memory_bandwidth = 2.0e10;   // bytes/s
+};
+
+struct MinCutConfig {
+  // Weight of recompute time against saved bytes: objective = bytes + lambda * seconds.
+  // Default 1e10 bytes/s: recomputing is worth it when it frees more than
+  // ~10 GB per second of extra compute (see docs/config.md for the reasoning).
+  double lambda = 1.0e10;
+  HardwareProfile hardware;
+  // `budget` mode: bytes (> 1) or a fraction of all-saved activation bytes (0 < f <= 1).
+  std::optional<double> memory_budget;
+  bool memory_budget_is_fraction = false;
+};
+
+struct Config {
+  Mode mode = Mode::Off;
+  std::string region_source = "blocks";  // or "model_adapter_safe_regions"
+  ScopeOptions scope;
+  bool save_forward_all_gather = false;
+  // The config's op_policy section (canonical JSON), empty when absent: the
+  // categories it names replace those of the default table.
+  std::string op_policy_override;
+  MinCutConfig mincut;
+  // Region patterns from a model adapter's RecomputePolicy (hyper_ac.config
+  // fills them from the live model's type). Used when selection.source is
+  // model_adapter_safe_regions, or when no regions.include is configured.
+  std::vector<std::string> adapter_include;
+  std::vector<std::string> adapter_exclude;
+  bool adapter_given = false;
+};
+
+// Accepts the nested form ({"activation_checkpoint": {...}}) or the flat
+// pass-config form (ac_mode, ac_layer_count, ...). Throws ConfigError with a
+// did-you-mean for unknown keys.
+Config parse_config(const std::string& json_text);
+
+// Parses an op policy table; throws ConfigError.
+OpPolicyTable parse_op_policy(const std::string& json_text);
+// Later-listed categories of `override_table` replace those of `base`.
+OpPolicyTable merge_op_policy(const OpPolicyTable& base, const std::string& override_json);
+
+// The table in force: `base` with the config's op_policy categories replacing its own.
+OpPolicyTable effective_op_policy(const Config& config, const OpPolicyTable& base);
+
+// Canonical JSON of a config (what parse_config accepted, normalised).
+std::string config_to_json(const Config& config);
+
+// Parses "6GiB", "512MB", "1.5e9" into bytes; throws ConfigError naming `key`.
+double parse_byte_size(const std::string& text, const std::string& key);
+
+}  // namespace hyper_ac

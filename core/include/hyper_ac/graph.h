@@ -1,0 +1,144 @@
+// The core's intermediate representation of a joint forward+backward graph,
+// its JSON loader (with full validation) and its stable text printer.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace hyper_ac {
+
+// Malformed graph input. The message names the node (or JSON path) and the problem.
+class GraphError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+inline constexpr int kGraphFormatVersion = 1;
+
+enum class NodeKind { Placeholder, CallFunction, GetAttr, Output };
+enum class Phase { Forward, Backward };
+enum class Role { Activation, Parameter, Buffer, Input, Tangent };
+
+// Values of torch.utils.checkpoint.CheckpointPolicy; None = untagged.
+enum class Policy : std::uint8_t { None, MustSave, PreferSave, MustRecompute, PreferRecompute };
+
+const char* to_string(NodeKind kind);
+const char* to_string(Phase phase);
+const char* to_string(Role role);
+const char* to_string(Policy policy);  // "MUST_SAVE", ... ; "" for None
+bool is_recompute(Policy policy);       // MUST_RECOMPUTE or PREFER_RECOMPUTE
+
+struct TensorFact {
+  std::int64_t bytes = 0;
+  std::string dtype;
+  std::vector<std::int64_t> shape;
+};
+
+struct ModuleFrame {
+  std::string fqn;
+  std::string type;
+};
+
+struct Node {
+  std::int64_t id = 0;
+  std::string name;
+  NodeKind kind = NodeKind::CallFunction;
+  std::string target;
+  std::vector<std::int32_t> inputs;  // indices into Graph::nodes, FX all_input_nodes order
+  Phase phase = Phase::Forward;
+  std::vector<TensorFact> outputs;
+  double flops = 0.0;
+  std::int32_t stack = -1;  // index into Graph::stacks; -1 = no enclosing module
+  bool rng = false;
+  bool symint = false;
+  bool collective = false;
+  bool view = false;
+  bool subgraph = false;
+  std::vector<std::int32_t> mutated_inputs;  // positions into `inputs`
+  std::vector<std::int32_t> aliased_inputs;  // positions into `inputs`
+  Role role = Role::Activation;
+  Policy policy = Policy::None;   // a tag already on the FX node
+  std::string recomputed_from;    // non-empty on duplicates of an earlier pass
+
+  std::int64_t output_bytes() const;  // sum over outputs
+  bool is_forward() const { return phase == Phase::Forward; }
+  bool is_backward() const { return phase == Phase::Backward; }
+};
+
+// Facts only the live nn.Module can tell (optional in the JSON).
+struct ModelFacts {
+  bool present = false;
+  std::string type;
+  std::vector<ModuleFrame> modules;  // every named submodule
+  std::vector<ModuleFrame> units;    // flattened repeated blocks, discovery order
+};
+
+struct Graph {
+  std::vector<Node> nodes;                        // topological order
+  std::vector<std::vector<ModuleFrame>> stacks;   // interned module stacks, innermost first
+  ModelFacts model;
+
+  // Filled by load_graph / finalize(): users of each node, ascending order.
+  std::vector<std::vector<std::int32_t>> users;
+
+  const std::vector<ModuleFrame>& stack_of(const Node& node) const;
+  // Rebuilds `users` from `inputs`; call after constructing a graph by hand.
+  void finalize();
+};
+
+struct LoadOptions {
+  // Reject graphs whose version differs from kGraphFormatVersion (always on;
+  // kept as an option so tools may print a friendlier hint).
+  bool strict_version = true;
+};
+
+struct LoadStats {
+  std::size_t nodes = 0;
+  std::size_t forward_nodes = 0;
+  std::size_t backward_nodes = 0;
+  std::size_t unique_stacks = 0;
+};
+
+struct LoadResult {
+  Graph graph;
+  LoadStats stats;
+};
+
+// Parses and validates a graph document (docs/graph-format.md). Throws GraphError.
+LoadResult load_graph(const std::string& json_text, const LoadOptions& options = {});
+
+// Canonical JSON form of a graph (load_graph(graph_to_json(g)) == g).
+std::string graph_to_json(const Graph& graph);
+
+struct PrintOptions {
+  bool show_module_stack = true;  // innermost FQN per node
+  bool show_sizes = true;         // output bytes, dtype and shape
+  // Optional per-node annotation (e.g. a policy); empty or sized like nodes.
+  std::vector<std::string> annotations;
+};
+
+// Stable, human-readable text: one line per node, no pointers or hashes.
+std::string print_graph(const Graph& graph, const PrintOptions& options = {});
+
+struct GraphSummary {
+  std::size_t nodes = 0;
+  std::size_t forward_nodes = 0;
+  std::size_t backward_nodes = 0;
+  std::size_t placeholders = 0;
+  std::size_t parameters = 0;
+  // Bytes of forward values (not parameters/inputs) that some backward node reads.
+  std::int64_t activation_bytes_read_by_backward = 0;
+  std::size_t activations_read_by_backward = 0;
+  double forward_flops = 0.0;
+  double backward_flops = 0.0;
+};
+
+GraphSummary summarize(const Graph& graph);
+std::string format_summary(const GraphSummary& summary);
+
+// Human-readable byte count ("1.5 MiB").
+std::string format_bytes(std::int64_t bytes);
+
+}  // namespace hyper_ac

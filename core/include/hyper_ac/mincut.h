@@ -1,0 +1,126 @@
+// Cost-aware min-cut: choose which forward values the backward keeps (saved)
+// and which it recomputes, minimising  saved bytes + lambda * recompute seconds
+// under the hard rules the tags impose. One s-t max-flow (Boost.Graph) per
+// solve; docs/mincut.md describes the network.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "hyper_ac/config.h"
+#include "hyper_ac/graph.h"
+
+namespace hyper_ac {
+
+// The tags cannot be satisfied together (a value the backward reads can be
+// neither saved nor recomputed). The message names the chain of nodes and the
+// rule pinning each one.
+class MinCutError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+enum class MaxFlowAlgorithm { BoykovKolmogorov, PushRelabel };
+const char* to_string(MaxFlowAlgorithm algorithm);
+
+struct MinCutOptions {
+  // Bytes per second of recompute time: objective = saved bytes + lambda *
+  // recompute seconds. Same default as MinCutConfig::lambda (1e10).
+  double lambda = 1.0e10;
+  // Roofline for recompute time: max(flops / peak_flops, bytes_moved /
+  // memory_bandwidth), bytes_moved = output bytes + bytes of every input read.
+  HardwareProfile hardware;
+  // Max-flow solver. Both give the same cut (the minimal source side is
+  // unique); Boykov-Kolmogorov was faster on every graph measured (docs/mincut.md).
+  MaxFlowAlgorithm algorithm = MaxFlowAlgorithm::BoykovKolmogorov;
+  // PREFER_SAVE: the recompute cost is multiplied by this (>= 1 biases towards saving).
+  double prefer_save_factor = 2.0;
+  // PREFER_RECOMPUTE: the saved bytes are multiplied by this (>= 1 biases
+  // towards recomputing). 1 = neutral: under auto/budget most candidates carry
+  // this tag, so a factor here would only rescale lambda.
+  double prefer_recompute_factor = 1.0;
+  // Bytes charged for saving a SymInt / symbolic scalar (tiny but not free, so
+  // a cut never prefers a symbol for no reason).
+  std::int64_t symint_bytes = 1;
+  // RNG ops are never recomputed, whatever their tag (a replay would draw
+  // different numbers). A MUST_RECOMPUTE RNG op the backward needs is then
+  // reported as infeasible.
+  bool never_recompute_rng = true;
+};
+
+struct MinCutStats {
+  std::size_t forward_nodes = 0;     // forward, non-output nodes of the graph
+  std::size_t candidate_nodes = 0;   // nodes the cut could put on the recompute side
+  std::size_t free_nodes = 0;        // parameters, inputs, constants, forward outputs, aliases of them
+  std::size_t network_vertices = 0;  // after shrinking, source and sink included
+  std::size_t network_edges = 0;     // forward arcs (Boost adds one reverse arc each)
+  std::int64_t max_flow = 0;         // in capacity units = the cut's objective / capacity_unit
+  double capacity_unit = 1.0;        // bytes per integer capacity unit (1 unless the network is huge)
+  std::size_t saved_values = 0;      // activations the backward reads from the forward
+  std::size_t recomputed_nodes = 0;  // forward nodes copied into the backward
+};
+
+struct MinCutResult {
+  // Per node (sized like graph.nodes): the tags with the cut applied. A node
+  // the backward needs becomes PREFER_RECOMPUTE / PREFER_SAVE (MUST_* when its
+  // tag or a structural rule pins it); other nodes keep their tag.
+  std::vector<Policy> policies;
+  std::vector<std::int32_t> saved;       // forward activations the backward reads, graph order
+  std::vector<std::int32_t> recomputed;  // forward nodes recomputed in the backward, graph order
+  std::int64_t saved_bytes = 0;          // sum of output bytes over `saved`
+  double recompute_seconds = 0.0;        // roofline time of `recomputed`
+  double recompute_flops = 0.0;
+  // saved bytes + lambda * recompute seconds with the PREFER_* factors applied
+  // (what the cut minimised), in bytes.
+  double objective = 0.0;
+  double lambda = 0.0;                   // the lambda solved for
+  MinCutStats stats;                     // deterministic
+  double solve_seconds = 0.0;            // wall time of the whole call (not deterministic)
+  std::vector<std::string> diagnostics;  // human-readable notes, deterministic
+};
+
+// `tags` comes from tag_policies (sized like graph.nodes): None = not eligible
+// (never recomputed; saving it costs its bytes), MUST_SAVE = never recomputed,
+// MUST_RECOMPUTE = never saved, PREFER_* = either, with a soft bias. Throws
+// std::invalid_argument on a size mismatch or a bad option, MinCutError when
+// the tags are infeasible.
+MinCutResult solve_min_cut(const Graph& graph, const std::vector<Policy>& tags, const MinCutOptions& options = {});
+
+// Lambda sweep for the memory/recompute trade-off (budget mode).
+struct ParetoOptions {
+  // Range of lambda searched (bytes per second of recompute). At lambda_min
+  // recomputing is almost free (least memory); at lambda_max it is almost
+  // never worth it (least recompute).
+  double lambda_min = 1.0e3;
+  double lambda_max = 1.0e16;
+  // Upper bound on max-flow solves; the sweep is exact (finds every distinct
+  // cut between the ends) when the bound is not hit.
+  std::size_t max_solves = 64;
+};
+
+struct ParetoPoint {
+  double lambda = 0.0;            // a lambda at which this cut is optimal
+  std::int64_t saved_bytes = 0;
+  double recompute_seconds = 0.0;
+  double recompute_flops = 0.0;
+  std::vector<Policy> policies;   // as MinCutResult::policies
+  std::vector<std::int32_t> saved;
+  std::vector<std::int32_t> recomputed;
+};
+
+// Every distinct optimal cut for lambda in [lambda_min, lambda_max] (Eisner-
+// Severance breakpoint search: solve at both ends, then at the lambda where the
+// two cuts' objectives cross, recursively). Sorted by recompute seconds
+// ascending, i.e. saved bytes descending: for a memory budget, take the first
+// point whose simulated peak fits (plan_remat + simulate_memory). Throws as
+// solve_min_cut.
+std::vector<ParetoPoint> pareto_frontier(const Graph& graph, const std::vector<Policy>& tags,
+                                         const MinCutOptions& options = {}, const ParetoOptions& pareto = {});
+
+// Roofline recompute time of one execution of `node` (0 for views, getitem,
+// SymInts and non-call nodes).
+double recompute_seconds(const Graph& graph, std::int32_t node, const HardwareProfile& hardware);
+
+}  // namespace hyper_ac

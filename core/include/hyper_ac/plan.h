@@ -1,0 +1,58 @@
+// The whole core pipeline for one graph: scope → tags → (min-cut) → remat
+// plan → memory estimate, and the plan's JSON form (docs/graph-format.md).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "hyper_ac/config.h"
+#include "hyper_ac/graph.h"
+#include "hyper_ac/remat.h"
+#include "hyper_ac/scope.h"
+#include "hyper_ac/tagging.h"
+
+namespace hyper_ac {
+
+struct Diagnostic {
+  std::string level;    // "info" or "warning"
+  std::string message;
+};
+
+struct PlanOptions {
+  Config config;
+  // The operator table (configs/op_policy.yaml); config.op_policy, when given,
+  // replaces the categories it names.
+  OpPolicyTable op_policy;
+};
+
+struct PlanStats {
+  std::size_t regions = 0;
+  std::size_t units = 0;
+  std::size_t selected_units = 0;
+  double lambda = 0.0;                       // min-cut modes: the λ of the chosen cut
+  std::int64_t simulated_peak_before = 0;    // bytes, original graph
+  std::int64_t simulated_peak_after = 0;     // bytes, rewritten graph
+  std::int64_t budget_bytes = 0;             // budget mode: the target
+  bool budget_met = true;
+  double recompute_seconds = 0.0;            // roofline estimate of the duplicates
+};
+
+struct PlanResult {
+  Mode mode = Mode::Off;
+  Scope scope;
+  TagResult tags;                 // tags after the structural rules
+  std::vector<Policy> policies;   // final per-node policies (after the cut, if any)
+  RematPlan remat;
+  PlanStats stats;
+  std::vector<Diagnostic> diagnostics;
+};
+
+// Throws GraphError / ConfigError / ScopeError / PlanError.
+PlanResult make_plan(const Graph& graph, const PlanOptions& options);
+
+std::string plan_to_json(const Graph& graph, const PlanResult& result);
+
+// Per-node "POLICY (reason)" strings for print_graph annotations / golden files.
+std::vector<std::string> policy_annotations(const Graph& graph, const PlanResult& result);
+
+}  // namespace hyper_ac

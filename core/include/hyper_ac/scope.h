@@ -1,0 +1,58 @@
+// Scope resolution: which forward nodes may recompute (regions), which never
+// do (exclusions) and which repeated block (unit) each node belongs to.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "hyper_ac/graph.h"
+
+namespace hyper_ac {
+
+// A scope request that cannot be satisfied (no units, a pattern matching nothing, ...).
+class ScopeError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+struct ScopeOptions {
+  // Leading prefix of the flattened unit list to select; unset = all units.
+  std::optional<std::int64_t> layer_count;
+  // Exact flattened unit indices to select; unset = all. Never both.
+  std::optional<std::vector<std::int64_t>> layer_indices;
+  // fnmatch patterns over module FQNs; the outermost matches inside selected
+  // units become regions. Empty = each selected unit is one region.
+  std::vector<std::string> include;
+  // fnmatch patterns over module FQNs whose nodes never recompute.
+  std::vector<std::string> exclude;
+  // Regions (fnmatch over region FQNs) whose outputs may be recomputed by a
+  // consumer in another recompute region; empty = none.
+  std::vector<std::string> output_recompute;
+};
+
+struct Scope {
+  std::vector<ModuleFrame> units;          // all discovered units, flattened
+  std::vector<std::int32_t> selected_units;
+  std::vector<std::string> regions;        // region root FQNs, in unit order
+  std::vector<bool> region_output_recompute;
+  std::vector<std::string> excluded;       // exclusion root FQNs
+  // Per graph node (sized like graph.nodes); -1 = none.
+  std::vector<std::int32_t> node_region;
+  std::vector<std::int32_t> node_unit;
+  std::vector<bool> node_excluded;
+  bool units_from_model = false;  // live-model facts vs module-stack discovery
+  std::vector<std::string> notes; // log lines (e.g. "layer selection matched zero layers")
+};
+
+// Throws ScopeError naming the pattern / FQN / limit at fault.
+Scope resolve_scope(const Graph& graph, const ScopeOptions& options);
+
+// fnmatch(3) semantics without flags ('*' matches dots too), as Python's fnmatchcase.
+bool fqn_matches(const std::string& pattern, const std::string& fqn);
+// fqn == root or fqn lies below root.
+bool at_or_under(const std::string& fqn, const std::string& root);
+
+}  // namespace hyper_ac

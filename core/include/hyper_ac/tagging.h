@@ -1,0 +1,50 @@
+// Policy tagging: decide MUST_SAVE / PREFER_RECOMPUTE / ... for every scoped
+// forward node, applying the mode, the operator table and the structural
+// rules (RNG, SymInt, collectives, in-place alias closure, cross-unit saves,
+// output_recompute, exclusions).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hyper_ac/config.h"
+#include "hyper_ac/graph.h"
+#include "hyper_ac/scope.h"
+
+namespace hyper_ac {
+
+struct TagOptions {
+  Mode mode = Mode::Selective;
+  OpPolicyTable op_policy;
+  bool save_forward_all_gather = false;
+};
+
+struct TagStats {
+  std::size_t tagged = 0;
+  std::size_t must_save = 0;
+  std::size_t prefer_save = 0;
+  std::size_t must_recompute = 0;
+  std::size_t prefer_recompute = 0;
+  std::size_t saved_rng = 0;
+  std::size_t saved_symint = 0;
+  std::size_t saved_collective = 0;
+  std::size_t saved_inplace = 0;
+  std::size_t saved_cross_unit = 0;
+  std::size_t rebuilt_for_exclude = 0;  // excluded-op inputs recomputed instead of kept
+};
+
+struct TagResult {
+  std::vector<Policy> policies;       // per node; None = untagged
+  std::vector<std::int32_t> graph_id; // per node region index (ac_graph_id); -1 = none
+  // Why each MUST_SAVE was forced ("rng", "in-place", "cross-unit", ...); "" otherwise.
+  std::vector<std::string> reasons;
+  TagStats stats;
+};
+
+TagResult tag_policies(const Graph& graph, const Scope& scope, const TagOptions& options);
+
+// Whether `target` ("aten::mm.default") is named by an entry ("aten::mm" or "aten::mm.default").
+bool op_matches(const std::vector<std::string>& entries, const std::string& target);
+
+}  // namespace hyper_ac

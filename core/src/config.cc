@@ -1,0 +1,396 @@
+#include "hyper_ac/config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+namespace hyper_ac {
+
+using json = nlohmann::json;
+
+const char* to_string(Mode mode) {
+  switch (mode) {
+    case Mode::Off: return "off";
+    case Mode::Full: return "full";
+    case Mode::Selective: return "selective";
+    case Mode::Auto: return "auto";
+    case Mode::Budget: return "budget";
+  }
+  return "?";
+}
+
+namespace {
+
+[[noreturn]] void fail(const std::string& key, const std::string& what) {
+  throw ConfigError("config key '" + key + "': " + what);
+}
+
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      std::size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// Rejects keys outside `known`, suggesting the closest one.
+void check_keys(const json& object, const std::vector<std::string>& known, const std::string& section) {
+  for (const auto& item : object.items()) {
+    const std::string& key = item.key();
+    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    std::string best;
+    std::size_t best_distance = 4;
+    for (const auto& candidate : known) {
+      std::size_t distance = edit_distance(key, candidate);
+      if (distance < best_distance) {
+        best_distance = distance;
+        best = candidate;
+      }
+    }
+    std::string where = section.empty() ? key : section + "." + key;
+    std::string message = "unknown key";
+    if (!best.empty()) message += " (did you mean '" + best + "'?)";
+    std::string list;
+    for (const auto& candidate : known) list += (list.empty() ? "" : ", ") + candidate;
+    fail(where, message + "; known keys here: " + list);
+  }
+}
+
+bool get_bool(const json& value, const std::string& key) {
+  if (!value.is_boolean()) fail(key, std::string("must be true or false, got ") + value.type_name());
+  return value.get<bool>();
+}
+
+std::int64_t get_layer_int(const json& value, const std::string& key) {
+  // YAML `true` must not pass as 1.
+  if (value.is_boolean()) fail(key, "must be an integer, got a boolean");
+  if (!value.is_number_integer()) fail(key, std::string("must be an integer, got ") + value.type_name());
+  std::int64_t number = value.get<std::int64_t>();
+  if (number < 0) fail(key, "must be >= 0, got " + std::to_string(number));
+  return number;
+}
+
+std::vector<std::string> get_strings(const json& value, const std::string& key) {
+  std::vector<std::string> out;
+  if (value.is_null()) return out;
+  if (value.is_string()) return {value.get<std::string>()};
+  if (!value.is_array()) fail(key, std::string("must be a list of strings, got ") + value.type_name());
+  for (const auto& entry : value) {
+    if (!entry.is_string()) fail(key, std::string("entries must be strings, got ") + entry.type_name());
+    if (entry.get<std::string>().empty()) fail(key, "entries must not be empty");
+    out.push_back(entry.get<std::string>());
+  }
+  return out;
+}
+
+Mode parse_mode(const json& value, const std::string& key) {
+  // YAML 1.1 reads an unquoted `off` as false.
+  if (value.is_boolean()) {
+    if (!value.get<bool>()) return Mode::Off;
+    fail(key, "got true (YAML reads an unquoted 'on'/'yes' as true); use one of off, full, selective, auto, budget");
+  }
+  if (!value.is_string()) fail(key, std::string("must be a string, got ") + value.type_name());
+  std::string text = value.get<std::string>();
+  if (text == "off") return Mode::Off;
+  if (text == "full") return Mode::Full;
+  if (text == "selective") return Mode::Selective;
+  if (text == "auto") return Mode::Auto;
+  if (text == "budget") return Mode::Budget;
+  fail(key, "unknown mode '" + text + "'; use one of off, full, selective, auto, budget");
+}
+
+void parse_layer_indices(const json& value, const std::string& key, Config& config) {
+  if (value.is_null()) return;
+  if (!value.is_array()) fail(key, std::string("must be a list of integers, got ") + value.type_name());
+  std::vector<std::int64_t> indices;
+  std::set<std::int64_t> seen;
+  for (const auto& entry : value) {
+    std::int64_t index = get_layer_int(entry, key);
+    if (!seen.insert(index).second) fail(key, "duplicate layer index " + std::to_string(index));
+    indices.push_back(index);
+  }
+  config.scope.layer_indices = indices;
+}
+
+void parse_source(const json& value, const std::string& key, Config& config) {
+  if (value.is_null()) return;
+  if (!value.is_string()) fail(key, std::string("must be a string, got ") + value.type_name());
+  std::string source = value.get<std::string>();
+  if (source != "blocks" && source != "model_adapter_safe_regions")
+    fail(key, "unknown source '" + source + "'; use 'blocks' or 'model_adapter_safe_regions'");
+  config.region_source = source;
+}
+
+double parse_budget(const json& value, const std::string& key, bool& is_fraction) {
+  double bytes = 0.0;
+  if (value.is_boolean()) fail(key, "must be a byte size (\"6GiB\") or a fraction in (0, 1], got a boolean");
+  if (value.is_number()) {
+    bytes = value.get<double>();
+  } else if (value.is_string()) {
+    bytes = parse_byte_size(value.get<std::string>(), key);
+    is_fraction = false;
+    if (bytes <= 0) fail(key, "must be positive");
+    return bytes;
+  } else {
+    fail(key, std::string("must be a byte size (\"6GiB\") or a fraction in (0, 1], got ") + value.type_name());
+  }
+  if (!(bytes > 0)) fail(key, "must be positive, got " + value.dump());
+  is_fraction = bytes <= 1.0;
+  return bytes;
+}
+
+HardwareProfile parse_hardware(const json& value, const std::string& key) {
+  static const std::map<std::string, HardwareProfile> kProfiles = {
+      {"cpu", {"cpu", 1.0e11, 2.0e10}},
+      {"a100", {"a100", 312.0e12, 2.0e12}},
+      {"h100", {"h100", 989.0e12, 3.35e12}},
+      {"h200", {"h200", 989.0e12, 4.8e12}},
+  };
+  if (value.is_string()) {
+    std::string name = value.get<std::string>();
+    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+    auto it = kProfiles.find(name);
+    if (it == kProfiles.end()) fail(key, "unknown hardware profile '" + name + "'; use cpu, a100, h100, h200 or {peak_flops, memory_bandwidth}");
+    return it->second;
+  }
+  if (!value.is_object()) fail(key, std::string("must be a profile name or an object, got ") + value.type_name());
+  check_keys(value, {"name", "peak_flops", "memory_bandwidth"}, key);
+  HardwareProfile profile;
+  profile.name = "custom";
+  if (value.contains("name")) {
+    if (!value["name"].is_string()) fail(key + ".name", "must be a string");
+    profile.name = value["name"].get<std::string>();
+  }
+  for (const char* field : {"peak_flops", "memory_bandwidth"}) {
+    if (!value.contains(field)) fail(key + "." + field, "missing (FLOP/s and bytes/s of the target hardware)");
+    const json& number = value[field];
+    if (!number.is_number() || !(number.get<double>() > 0)) fail(key + "." + field, "must be a positive number");
+    (std::string(field) == "peak_flops" ? profile.peak_flops : profile.memory_bandwidth) = number.get<double>();
+  }
+  return profile;
+}
+
+void parse_lambda(const json& value, const std::string& key, Config& config) {
+  if (!value.is_number() || value.is_boolean()) fail(key, std::string("must be a number, got ") + value.type_name());
+  double lambda = value.get<double>();
+  if (!(lambda >= 0) || !std::isfinite(lambda)) fail(key, "must be a finite number >= 0");
+  config.mincut.lambda = lambda;
+}
+
+void parse_regions(const json& value, const std::string& key, Config& config) {
+  if (value.is_null()) return;
+  if (!value.is_object()) fail(key, std::string("must be a mapping, got ") + value.type_name());
+  check_keys(value, {"include", "exclude", "output_recompute"}, key);
+  if (value.contains("include")) config.scope.include = get_strings(value["include"], key + ".include");
+  if (value.contains("exclude")) config.scope.exclude = get_strings(value["exclude"], key + ".exclude");
+  if (value.contains("output_recompute")) {
+    const json& output = value["output_recompute"];
+    // true = every region; a list = the regions whose FQN matches a pattern.
+    if (output.is_boolean())
+      config.scope.output_recompute = output.get<bool>() ? std::vector<std::string>{"*"} : std::vector<std::string>{};
+    else
+      config.scope.output_recompute = get_strings(output, key + ".output_recompute");
+  }
+}
+
+void parse_adapter(const json& value, Config& config) {
+  // Filled by hyper_ac.config from a model adapter's RecomputePolicy.
+  if (!value.is_object()) fail("adapter", "must be a mapping");
+  check_keys(value, {"include", "exclude"}, "adapter");
+  config.adapter_include = get_strings(value.value("include", json()), "adapter.include");
+  config.adapter_exclude = get_strings(value.value("exclude", json()), "adapter.exclude");
+  config.adapter_given = true;
+}
+
+void parse_nested(const json& section, Config& config) {
+  const std::string prefix = "activation_checkpoint";
+  if (!section.is_object()) fail(prefix, std::string("must be a mapping, got ") + section.type_name());
+  check_keys(section,
+             {"mode", "selection", "regions", "save_forward_all_gather", "op_policy", "memory_budget", "lambda",
+              "hardware"},
+             prefix);
+  if (section.contains("mode")) config.mode = parse_mode(section["mode"], prefix + ".mode");
+  if (section.contains("selection")) {
+    const json& selection = section["selection"];
+    std::string key = prefix + ".selection";
+    if (!selection.is_object()) fail(key, std::string("must be a mapping, got ") + selection.type_name());
+    check_keys(selection, {"source", "layer_count", "layer_indices"}, key);
+    if (selection.contains("source")) parse_source(selection["source"], key + ".source", config);
+    if (selection.contains("layer_count") && !selection["layer_count"].is_null())
+      config.scope.layer_count = get_layer_int(selection["layer_count"], key + ".layer_count");
+    if (selection.contains("layer_indices")) parse_layer_indices(selection["layer_indices"], key + ".layer_indices", config);
+  }
+  if (section.contains("regions")) parse_regions(section["regions"], prefix + ".regions", config);
+  if (section.contains("save_forward_all_gather"))
+    config.save_forward_all_gather = get_bool(section["save_forward_all_gather"], prefix + ".save_forward_all_gather");
+  if (section.contains("memory_budget"))
+    config.mincut.memory_budget =
+        parse_budget(section["memory_budget"], prefix + ".memory_budget", config.mincut.memory_budget_is_fraction);
+  if (section.contains("lambda")) parse_lambda(section["lambda"], prefix + ".lambda", config);
+  if (section.contains("hardware")) config.mincut.hardware = parse_hardware(section["hardware"], prefix + ".hardware");
+}
+
+void parse_flat(const json& document, Config& config) {
+  if (document.contains("ac_mode")) config.mode = parse_mode(document["ac_mode"], "ac_mode");
+  if (document.contains("ac_layer_count") && !document["ac_layer_count"].is_null())
+    config.scope.layer_count = get_layer_int(document["ac_layer_count"], "ac_layer_count");
+  if (document.contains("ac_layer_indices")) parse_layer_indices(document["ac_layer_indices"], "ac_layer_indices", config);
+  if (document.contains("ac_region_source")) parse_source(document["ac_region_source"], "ac_region_source", config);
+  if (document.contains("ac_save_forward_all_gather"))
+    config.save_forward_all_gather = get_bool(document["ac_save_forward_all_gather"], "ac_save_forward_all_gather");
+  if (document.contains("ac_regions")) parse_regions(document["ac_regions"], "ac_regions", config);
+  if (document.contains("ac_memory_budget"))
+    config.mincut.memory_budget =
+        parse_budget(document["ac_memory_budget"], "ac_memory_budget", config.mincut.memory_budget_is_fraction);
+  if (document.contains("ac_lambda")) parse_lambda(document["ac_lambda"], "ac_lambda", config);
+  if (document.contains("ac_hardware")) config.mincut.hardware = parse_hardware(document["ac_hardware"], "ac_hardware");
+}
+
+OpPolicyTable table_from_json(const json& value, const std::string& key, const OpPolicyTable* base) {
+  if (!value.is_object()) fail(key, std::string("must be a mapping of category to operator list, got ") + value.type_name());
+  check_keys(value, {"must_save", "must_recompute", "prefer_save", "saved_collectives", "all_gathers", "transparent"},
+             key);
+  OpPolicyTable table = base ? *base : OpPolicyTable{};
+  auto take = [&](const char* name, std::vector<std::string>& field) {
+    if (value.contains(name)) field = get_strings(value[name], key + "." + name);
+  };
+  take("must_save", table.must_save);
+  take("must_recompute", table.must_recompute);
+  take("prefer_save", table.prefer_save);
+  take("saved_collectives", table.saved_collectives);
+  take("all_gathers", table.all_gathers);
+  take("transparent", table.transparent);
+  return table;
+}
+
+json parse_json(const std::string& text, const std::string& what) {
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& error) {
+    throw ConfigError(what + " is not valid JSON: " + error.what());
+  }
+}
+
+}  // namespace
+
+double parse_byte_size(const std::string& text, const std::string& key) {
+  std::size_t consumed = 0;
+  double number = 0;
+  try {
+    number = std::stod(text, &consumed);
+  } catch (const std::exception&) {
+    fail(key, "cannot read '" + text + "' as a byte size (examples: \"6GiB\", \"512MB\", \"1.5e9\")");
+  }
+  std::string unit = text.substr(consumed);
+  unit.erase(std::remove_if(unit.begin(), unit.end(), [](unsigned char c) { return std::isspace(c); }), unit.end());
+  std::string lower = unit;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  static const std::map<std::string, double> kUnits = {
+      {"", 1.0},          {"b", 1.0},           {"kb", 1e3},          {"mb", 1e6},         {"gb", 1e9},
+      {"tb", 1e12},       {"kib", 1024.0},      {"mib", 1048576.0},   {"gib", 1073741824.0},
+      {"tib", 1099511627776.0}, {"k", 1024.0},  {"m", 1048576.0},     {"g", 1073741824.0}};
+  auto it = kUnits.find(lower);
+  if (it == kUnits.end()) fail(key, "unknown size unit '" + unit + "' in '" + text + "' (use B, KB, MB, GB, KiB, MiB, GiB)");
+  if (!(number > 0) || !std::isfinite(number)) fail(key, "size must be positive, got '" + text + "'");
+  return number * it->second;
+}
+
+Config parse_config(const std::string& json_text) {
+  json document = parse_json(json_text, "config");
+  if (document.is_null()) return Config{};
+  if (!document.is_object()) throw ConfigError(std::string("config must be a mapping, got ") + document.type_name());
+  Config config;
+  const std::vector<std::string> flat_keys = {"ac_mode", "ac_layer_count", "ac_layer_indices", "ac_region_source",
+                                              "ac_save_forward_all_gather", "ac_regions", "ac_memory_budget",
+                                              "ac_lambda", "ac_hardware"};
+  std::vector<std::string> known = flat_keys;
+  known.push_back("activation_checkpoint");
+  known.push_back("op_policy");
+  known.push_back("adapter");
+  check_keys(document, known, "");
+  bool nested = document.contains("activation_checkpoint");
+  bool flat = std::any_of(flat_keys.begin(), flat_keys.end(), [&](const std::string& k) { return document.contains(k); });
+  if (nested && flat)
+    throw ConfigError(
+        "config mixes the 'activation_checkpoint:' section with flat 'ac_*' keys; use one form (they name the same options)");
+  if (nested)
+    parse_nested(document["activation_checkpoint"], config);
+  else
+    parse_flat(document, config);
+
+  // op_policy may sit at top level (flat form) or inside the section (nested form).
+  const json* op_policy = nullptr;
+  if (document.contains("op_policy")) op_policy = &document["op_policy"];
+  if (nested && document["activation_checkpoint"].contains("op_policy")) {
+    if (op_policy) throw ConfigError("config key 'op_policy' given twice (top level and in activation_checkpoint)");
+    op_policy = &document["activation_checkpoint"]["op_policy"];
+  }
+  if (op_policy && !op_policy->is_null()) {
+    table_from_json(*op_policy, "op_policy", nullptr);  // validate now, merge at plan time
+    config.op_policy_override = op_policy->dump();
+  }
+  if (document.contains("adapter") && !document["adapter"].is_null()) parse_adapter(document["adapter"], config);
+
+  if (config.scope.layer_count && config.scope.layer_indices)
+    throw ConfigError("config sets both layer_count and layer_indices; they select layers in two different ways, keep one");
+  if (config.mode == Mode::Budget && !config.mincut.memory_budget)
+    throw ConfigError("config key 'memory_budget': mode 'budget' needs a memory_budget (bytes like \"6GiB\" or a fraction like 0.5)");
+  if (config.mode != Mode::Budget && config.mincut.memory_budget)
+    throw ConfigError(std::string("config key 'memory_budget': only used by mode 'budget', but mode is '") +
+                      to_string(config.mode) + "'");
+  if (config.region_source == "model_adapter_safe_regions" && !config.adapter_given)
+    throw ConfigError(
+        "config selection.source is 'model_adapter_safe_regions' but no model adapter is registered for this model "
+        "(register a RecomputePolicy with hyper_ac.config.register_adapter)");
+  return config;
+}
+
+OpPolicyTable parse_op_policy(const std::string& json_text) {
+  return table_from_json(parse_json(json_text, "op policy table"), "op_policy", nullptr);
+}
+
+OpPolicyTable merge_op_policy(const OpPolicyTable& base, const std::string& override_json) {
+  return table_from_json(parse_json(override_json, "op policy override"), "op_policy", &base);
+}
+
+OpPolicyTable effective_op_policy(const Config& config, const OpPolicyTable& base) {
+  if (config.op_policy_override.empty()) return base;
+  return merge_op_policy(base, config.op_policy_override);
+}
+
+std::string config_to_json(const Config& config) {
+  json section;
+  section["mode"] = to_string(config.mode);
+  json selection;
+  selection["source"] = config.region_source;
+  if (config.scope.layer_count) selection["layer_count"] = *config.scope.layer_count;
+  if (config.scope.layer_indices) selection["layer_indices"] = *config.scope.layer_indices;
+  section["selection"] = selection;
+  section["regions"] = {{"include", config.scope.include},
+                        {"exclude", config.scope.exclude},
+                        {"output_recompute", config.scope.output_recompute}};
+  section["save_forward_all_gather"] = config.save_forward_all_gather;
+  if (config.mincut.memory_budget) section["memory_budget"] = *config.mincut.memory_budget;
+  section["lambda"] = config.mincut.lambda;
+  section["hardware"] = {{"name", config.mincut.hardware.name},
+                         {"peak_flops", config.mincut.hardware.peak_flops},
+                         {"memory_bandwidth", config.mincut.hardware.memory_bandwidth}};
+  json document;
+  document["activation_checkpoint"] = section;
+  if (!config.op_policy_override.empty()) document["op_policy"] = json::parse(config.op_policy_override);
+  if (config.adapter_given) document["adapter"] = {{"include", config.adapter_include}, {"exclude", config.adapter_exclude}};
+  return document.dump();
+}
+
+}  // namespace hyper_ac

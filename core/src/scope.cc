@@ -1,0 +1,231 @@
+#include "hyper_ac/scope.h"
+
+#include <fnmatch.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+namespace hyper_ac {
+
+bool fqn_matches(const std::string& pattern, const std::string& fqn) {
+  return ::fnmatch(pattern.c_str(), fqn.c_str(), 0) == 0;
+}
+
+bool at_or_under(const std::string& fqn, const std::string& root) {
+  if (root.empty()) return true;
+  return fqn.size() >= root.size() && fqn.compare(0, root.size(), root) == 0 &&
+         (fqn.size() == root.size() || fqn[root.size()] == '.');
+}
+
+namespace {
+
+std::string parent_of(const std::string& fqn) {
+  auto dot = fqn.rfind('.');
+  return dot == std::string::npos ? std::string() : fqn.substr(0, dot);
+}
+
+// The module FQNs the patterns are matched against: the live model's modules
+// when known, otherwise every frame seen on a module stack.
+std::vector<ModuleFrame> module_universe(const Graph& graph) {
+  if (graph.model.present && !graph.model.modules.empty()) return graph.model.modules;
+  std::map<std::string, std::string> seen;
+  for (const auto& stack : graph.stacks)
+    for (const auto& frame : stack) seen.emplace(frame.fqn, frame.type);
+  std::vector<ModuleFrame> frames;
+  for (auto& [fqn, type] : seen) frames.push_back({fqn, type});
+  return frames;
+}
+
+// Without a live model: repeated children of one container with the same
+// type. A container never runs a forward of its own, so it never shows up as a
+// frame; nested repeats (experts inside a layer) are left to the outer unit.
+std::vector<ModuleFrame> units_from_stacks(const Graph& graph) {
+  std::map<std::string, std::string> frames;  // fqn -> type, sorted
+  std::vector<std::string> first_seen;
+  for (const auto& node : graph.nodes)
+    for (const auto& frame : graph.stack_of(node))
+      if (frames.emplace(frame.fqn, frame.type).second) first_seen.push_back(frame.fqn);
+  std::map<std::string, std::map<std::string, std::vector<std::string>>> children;  // parent -> type -> fqns
+  for (const auto& fqn : first_seen) {
+    std::string parent = parent_of(fqn);
+    if (parent.empty() || frames.count(parent)) continue;  // parent ran a forward: not a container
+    children[parent][frames[fqn]].push_back(fqn);
+  }
+  std::vector<std::pair<std::string, std::vector<std::string>>> groups;
+  for (auto& [parent, by_type] : children)
+    for (auto& [type, fqns] : by_type)
+      if (fqns.size() >= 2) groups.emplace_back(parent, fqns);
+  std::vector<ModuleFrame> units;
+  std::vector<std::string> unit_fqns;
+  // Outer groups first so nested repeats are recognised as inside a unit.
+  std::sort(groups.begin(), groups.end(), [](const auto& a, const auto& b) {
+    auto depth = [](const std::string& s) { return std::count(s.begin(), s.end(), '.'); };
+    return depth(a.first) != depth(b.first) ? depth(a.first) < depth(b.first) : a.first < b.first;
+  });
+  for (const auto& [parent, fqns] : groups) {
+    bool nested = std::any_of(unit_fqns.begin(), unit_fqns.end(), [&](const std::string& u) { return at_or_under(parent, u); });
+    if (nested) continue;
+    for (const auto& fqn : fqns) {
+      units.push_back({fqn, frames[fqn]});
+      unit_fqns.push_back(fqn);
+    }
+  }
+  // Discovery order = order of first appearance in the graph.
+  std::unordered_map<std::string, std::size_t> order;
+  for (std::size_t i = 0; i < first_seen.size(); ++i) order.emplace(first_seen[i], i);
+  std::stable_sort(units.begin(), units.end(), [&](const ModuleFrame& a, const ModuleFrame& b) { return order[a.fqn] < order[b.fqn]; });
+  return units;
+}
+
+// Outermost FQNs of `universe` under any of `roots` that match any pattern.
+// Records which patterns matched at all.
+std::vector<std::string> outermost_matches(const std::vector<ModuleFrame>& universe, const std::vector<std::string>& roots,
+                                           const std::vector<std::string>& patterns, std::vector<bool>& pattern_used) {
+  std::vector<std::string> matched;
+  for (const auto& frame : universe) {
+    bool inside = roots.empty() || std::any_of(roots.begin(), roots.end(), [&](const std::string& r) { return at_or_under(frame.fqn, r); });
+    if (!inside) continue;
+    bool hit = false;
+    for (std::size_t p = 0; p < patterns.size(); ++p)
+      if (fqn_matches(patterns[p], frame.fqn)) {
+        pattern_used[p] = true;
+        hit = true;
+      }
+    if (hit) matched.push_back(frame.fqn);
+  }
+  std::sort(matched.begin(), matched.end());
+  matched.erase(std::unique(matched.begin(), matched.end()), matched.end());
+  std::vector<std::string> outermost;
+  for (const auto& fqn : matched)  // sorted: an ancestor precedes its descendants
+    if (outermost.empty() || !at_or_under(fqn, outermost.back())) outermost.push_back(fqn);
+  return outermost;
+}
+
+// Index of the root containing fqn (walking up its dotted prefixes), or -1.
+std::int32_t find_root(const std::unordered_map<std::string, std::int32_t>& roots, const std::string& fqn) {
+  std::string current = fqn;
+  while (true) {
+    auto it = roots.find(current);
+    if (it != roots.end()) return it->second;
+    if (current.empty()) return -1;
+    current = parent_of(current);
+    if (current.empty()) {
+      auto top = roots.find("");
+      return top == roots.end() ? -1 : top->second;
+    }
+  }
+}
+
+}  // namespace
+
+Scope resolve_scope(const Graph& graph, const ScopeOptions& options) {
+  Scope scope;
+  if (graph.model.present) {
+    if (graph.model.units.empty())
+      throw ScopeError("model " + (graph.model.type.empty() ? std::string("(unnamed)") : graph.model.type) +
+                       " has no module with a 'gradient_checkpointing' attribute holding a non-empty container of "
+                       "blocks (ModuleList/ModuleDict/Sequential); activation checkpointing cannot find its layers");
+    scope.units = graph.model.units;
+    scope.units_from_model = true;
+  } else {
+    scope.units = units_from_stacks(graph);
+    if (scope.units.empty())
+      throw ScopeError(
+          "no units found: the graph carries no live-model facts (serialise with model=...) and its module stacks "
+          "show no container with two or more children of one module type");
+  }
+
+  const auto unit_count = static_cast<std::int64_t>(scope.units.size());
+  if (options.layer_count && options.layer_indices)
+    throw ScopeError("layer_count and layer_indices are both set; keep one");
+  if (options.layer_count) {
+    if (*options.layer_count < 0) throw ScopeError("layer_count must be >= 0, got " + std::to_string(*options.layer_count));
+    if (*options.layer_count > unit_count)
+      throw ScopeError("layer_count " + std::to_string(*options.layer_count) + " exceeds the " +
+                       std::to_string(unit_count) + " units found (at most " + std::to_string(unit_count) + ")");
+    for (std::int64_t i = 0; i < *options.layer_count; ++i) scope.selected_units.push_back(static_cast<std::int32_t>(i));
+  } else if (options.layer_indices) {
+    std::set<std::int64_t> seen;
+    for (std::int64_t index : *options.layer_indices) {
+      if (index < 0 || index >= unit_count)
+        throw ScopeError("layer index " + std::to_string(index) + " is out of range: " + std::to_string(unit_count) +
+                         " units found, valid indices are 0.." + std::to_string(unit_count - 1));
+      if (!seen.insert(index).second) throw ScopeError("layer index " + std::to_string(index) + " is listed twice");
+      scope.selected_units.push_back(static_cast<std::int32_t>(index));
+    }
+    std::sort(scope.selected_units.begin(), scope.selected_units.end());
+  } else {
+    for (std::int64_t i = 0; i < unit_count; ++i) scope.selected_units.push_back(static_cast<std::int32_t>(i));
+  }
+
+  std::vector<std::string> selected_fqns;
+  for (auto index : scope.selected_units) selected_fqns.push_back(scope.units[static_cast<std::size_t>(index)].fqn);
+
+  const std::vector<ModuleFrame> universe = module_universe(graph);
+  if (selected_fqns.empty()) {
+    scope.notes.push_back("activation checkpoint layer selection matched zero layers; nothing is recomputed");
+  } else if (options.include.empty()) {
+    scope.regions = selected_fqns;
+  } else {
+    std::vector<bool> used(options.include.size(), false);
+    scope.regions = outermost_matches(universe, selected_fqns, options.include, used);
+    for (std::size_t p = 0; p < used.size(); ++p)
+      if (!used[p])
+        throw ScopeError("region pattern '" + options.include[p] + "' matches no module inside the selected layers");
+  }
+
+  if (!options.exclude.empty()) {
+    std::vector<bool> used(options.exclude.size(), false);
+    scope.excluded = outermost_matches(universe, {}, options.exclude, used);
+    for (std::size_t p = 0; p < used.size(); ++p)
+      if (!used[p]) throw ScopeError("exclude pattern '" + options.exclude[p] + "' matches no module");
+    for (const auto& root : scope.regions)
+      for (const auto& excluded : scope.excluded) {
+        if (root == excluded)
+          throw ScopeError("region root '" + root + "' is also excluded; drop it from the exclude patterns or the regions");
+        if (at_or_under(root, excluded))
+          throw ScopeError("exclusion '" + excluded + "' contains region root '" + root +
+                           "'; an exclusion must lie inside a region");
+      }
+  }
+
+  for (const auto& root : scope.regions) {
+    bool on = std::any_of(options.output_recompute.begin(), options.output_recompute.end(),
+                          [&](const std::string& pattern) { return fqn_matches(pattern, root); });
+    scope.region_output_recompute.push_back(on);
+  }
+
+  // Per interned stack, then per node: the innermost enclosing region/unit/exclusion.
+  std::unordered_map<std::string, std::int32_t> region_index, unit_index, excluded_index;
+  for (std::size_t i = 0; i < scope.regions.size(); ++i) region_index.emplace(scope.regions[i], static_cast<std::int32_t>(i));
+  for (std::size_t i = 0; i < scope.units.size(); ++i) unit_index.emplace(scope.units[i].fqn, static_cast<std::int32_t>(i));
+  for (std::size_t i = 0; i < scope.excluded.size(); ++i) excluded_index.emplace(scope.excluded[i], static_cast<std::int32_t>(i));
+  struct StackScope {
+    std::int32_t region = -1, unit = -1;
+    bool excluded = false;
+  };
+  std::vector<StackScope> per_stack(graph.stacks.size());
+  for (std::size_t s = 0; s < graph.stacks.size(); ++s) {
+    for (const auto& frame : graph.stacks[s]) {  // innermost first
+      if (per_stack[s].region < 0) per_stack[s].region = find_root(region_index, frame.fqn);
+      if (per_stack[s].unit < 0) per_stack[s].unit = find_root(unit_index, frame.fqn);
+      if (!per_stack[s].excluded) per_stack[s].excluded = find_root(excluded_index, frame.fqn) >= 0;
+    }
+  }
+  scope.node_region.assign(graph.nodes.size(), -1);
+  scope.node_unit.assign(graph.nodes.size(), -1);
+  scope.node_excluded.assign(graph.nodes.size(), false);
+  for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
+    const Node& node = graph.nodes[i];
+    if (node.stack < 0) continue;
+    const StackScope& s = per_stack[static_cast<std::size_t>(node.stack)];
+    scope.node_region[i] = s.region;
+    scope.node_unit[i] = s.unit;
+    scope.node_excluded[i] = s.excluded;
+  }
+  return scope;
+}
+
+}  // namespace hyper_ac

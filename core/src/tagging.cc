@@ -1,0 +1,227 @@
+#include "hyper_ac/tagging.h"
+
+#include <algorithm>
+
+namespace hyper_ac {
+
+bool op_matches(const std::vector<std::string>& entries, const std::string& target) {
+  for (const auto& entry : entries) {
+    if (entry == target) return true;
+    // "aten::mm" names every overload of mm.
+    if (target.size() > entry.size() && target.compare(0, entry.size(), entry) == 0 && target[entry.size()] == '.' &&
+        entry.find("::") != std::string::npos && target.find('.', entry.size() + 1) == std::string::npos)
+      return true;
+  }
+  return false;
+}
+
+namespace {
+
+struct Tagger {
+  const Graph& graph;
+  const Scope& scope;
+  const TagOptions& options;
+  TagResult result;
+
+  bool is_candidate(std::size_t i) const {
+    const Node& node = graph.nodes[i];
+    return node.is_forward() && node.kind == NodeKind::CallFunction && node.recomputed_from.empty();
+  }
+
+  bool transparent(const Node& node) const { return op_matches(options.op_policy.transparent, node.target); }
+
+  void set(std::size_t i, Policy policy, const char* reason) {
+    result.policies[i] = policy;
+    result.reasons[i] = reason;
+  }
+
+  void force_save(std::size_t i, const char* reason, std::size_t& counter) {
+    if (!is_recompute(result.policies[i]) && result.policies[i] != Policy::PreferSave) return;
+    set(i, Policy::MustSave, reason);
+    ++counter;
+  }
+
+  Policy mode_policy(const Node& node) const {
+    const OpPolicyTable& table = options.op_policy;
+    if (options.mode == Mode::Full) return Policy::MustRecompute;
+    if (op_matches(table.must_recompute, node.target)) return Policy::MustRecompute;
+    if (op_matches(table.must_save, node.target))
+      // Under the min-cut modes the table is a bias, not a rule.
+      return options.mode == Mode::Selective ? Policy::MustSave : Policy::PreferSave;
+    if (op_matches(table.prefer_save, node.target)) return Policy::PreferSave;
+    return Policy::PreferRecompute;
+  }
+
+  // Pass 1: mode policy plus the structural saves (RNG, SymInt, collectives).
+  void tag_by_policy() {
+    const OpPolicyTable& table = options.op_policy;
+    for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
+      if (!is_candidate(i)) continue;
+      const Node& node = graph.nodes[i];
+      if (transparent(node)) {
+        if (!node.inputs.empty()) {
+          auto parent = static_cast<std::size_t>(node.inputs[0]);
+          if (result.policies[parent] != Policy::None) {
+            result.policies[i] = result.policies[parent];
+            result.reasons[i] = "inherited";
+            result.graph_id[i] = result.graph_id[parent];
+          }
+        }
+        continue;
+      }
+      if (scope.node_region[i] < 0 || scope.node_excluded[i]) continue;
+      result.graph_id[i] = scope.node_region[i];
+      if (node.rng) {
+        set(i, Policy::MustSave, "rng");
+        ++result.stats.saved_rng;
+      } else if (op_matches(table.saved_collectives, node.target) ||
+                 (options.save_forward_all_gather && op_matches(table.all_gathers, node.target))) {
+        set(i, Policy::MustSave, "collective");
+        ++result.stats.saved_collective;
+      } else if (node.symint) {
+        set(i, Policy::MustSave, "symint");
+        ++result.stats.saved_symint;
+      } else {
+        Policy policy = mode_policy(node);
+        set(i, policy, policy == Policy::MustSave ? "op-table" : "");
+      }
+    }
+  }
+
+  // Pass 2: a mutation runs exactly once, so it and its forward users stay
+  // saved, and so does every forward reader of storage a mutation touched: a
+  // replay would read the value at the wrong point in time.
+  void tag_inplace() {
+    const std::size_t n = graph.nodes.size();
+    std::vector<std::int32_t> mutated_bases;
+    for (std::size_t i = 0; i < n; ++i) {
+      const Node& node = graph.nodes[i];
+      if (!node.is_forward() || node.mutated_inputs.empty()) continue;
+      for (auto position : node.mutated_inputs) mutated_bases.push_back(node.inputs[static_cast<std::size_t>(position)]);
+      if (result.policies[i] == Policy::None) continue;
+      force_save(i, "in-place", result.stats.saved_inplace);
+      for (auto user : graph.users[i])
+        if (graph.nodes[static_cast<std::size_t>(user)].is_forward())
+          force_save(static_cast<std::size_t>(user), "in-place", result.stats.saved_inplace);
+    }
+    if (mutated_bases.empty()) return;
+    // Undirected shared-storage graph over forward nodes: a write through one
+    // view reaches the base and from there the sibling views.
+    std::vector<std::vector<std::int32_t>> neighbours(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const Node& node = graph.nodes[i];
+      if (!node.is_forward()) continue;
+      auto link = [&](std::int32_t position) {
+        auto input = node.inputs[static_cast<std::size_t>(position)];
+        if (!graph.nodes[static_cast<std::size_t>(input)].is_forward()) return;
+        neighbours[i].push_back(input);
+        neighbours[static_cast<std::size_t>(input)].push_back(static_cast<std::int32_t>(i));
+      };
+      for (auto position : node.aliased_inputs) link(position);
+      for (auto position : node.mutated_inputs) link(position);
+    }
+    std::vector<char> in_closure(n, 0);
+    std::vector<std::int32_t> stack;
+    for (auto base : mutated_bases)
+      if (!in_closure[static_cast<std::size_t>(base)]) {
+        in_closure[static_cast<std::size_t>(base)] = 1;
+        stack.push_back(base);
+      }
+    while (!stack.empty()) {
+      auto current = static_cast<std::size_t>(stack.back());
+      stack.pop_back();
+      for (auto next : neighbours[current])
+        if (!in_closure[static_cast<std::size_t>(next)]) {
+          in_closure[static_cast<std::size_t>(next)] = 1;
+          stack.push_back(next);
+        }
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!is_recompute(result.policies[i]) || !graph.nodes[i].is_forward()) continue;
+      for (auto input : graph.nodes[i].inputs)
+        if (in_closure[static_cast<std::size_t>(input)]) {
+          force_save(i, "in-place", result.stats.saved_inplace);
+          break;
+        }
+    }
+  }
+
+  // Pass 3: a value read in forward by another unit stays alive for that
+  // reader anyway, so recomputing it would only cost time; unless its region
+  // has output_recompute, where the backward rebuilds it and chains replays.
+  void tag_cross_unit() {
+    std::vector<std::int32_t> stack;
+    std::vector<std::int32_t> seen_mark(graph.nodes.size(), -1);
+    for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
+      if (!is_recompute(result.policies[i]) || !is_candidate(i)) continue;
+      std::int32_t region = scope.node_region[i];
+      if (region >= 0 && scope.region_output_recompute[static_cast<std::size_t>(region)]) continue;
+      std::int32_t unit = scope.node_unit[i];
+      Policy policy = result.policies[i];
+      bool crosses = false;
+      stack.assign(1, static_cast<std::int32_t>(i));
+      seen_mark[i] = static_cast<std::int32_t>(i);
+      while (!stack.empty() && !crosses) {
+        auto current = static_cast<std::size_t>(stack.back());
+        stack.pop_back();
+        for (auto user_index : graph.users[current]) {
+          auto u = static_cast<std::size_t>(user_index);
+          if (seen_mark[u] == static_cast<std::int32_t>(i)) continue;
+          seen_mark[u] = static_cast<std::int32_t>(i);
+          const Node& user = graph.nodes[u];
+          if (user.kind == NodeKind::Output || user.is_backward()) continue;
+          if (user.kind == NodeKind::CallFunction && transparent(user) && result.policies[u] == policy) {
+            stack.push_back(user_index);
+            continue;
+          }
+          if (scope.node_unit[u] != unit) {
+            crosses = true;
+            break;
+          }
+        }
+      }
+      if (crosses) force_save(i, "cross-unit", result.stats.saved_cross_unit);
+    }
+  }
+
+  // Exclusions rebuild their recompute-region inputs in backward instead of
+  // keeping them: count them so the log can say so.
+  void count_rebuilt_inputs() {
+    for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
+      if (!scope.node_excluded[i] || !graph.nodes[i].is_forward()) continue;
+      for (auto input : graph.nodes[i].inputs)
+        if (is_recompute(result.policies[static_cast<std::size_t>(input)])) ++result.stats.rebuilt_for_exclude;
+    }
+  }
+
+  void count() {
+    for (auto policy : result.policies) {
+      switch (policy) {
+        case Policy::None: continue;
+        case Policy::MustSave: ++result.stats.must_save; break;
+        case Policy::PreferSave: ++result.stats.prefer_save; break;
+        case Policy::MustRecompute: ++result.stats.must_recompute; break;
+        case Policy::PreferRecompute: ++result.stats.prefer_recompute; break;
+      }
+      ++result.stats.tagged;
+    }
+  }
+};
+
+}  // namespace
+
+TagResult tag_policies(const Graph& graph, const Scope& scope, const TagOptions& options) {
+  Tagger tagger{graph, scope, options, {}};
+  tagger.result.policies.assign(graph.nodes.size(), Policy::None);
+  tagger.result.graph_id.assign(graph.nodes.size(), -1);
+  tagger.result.reasons.assign(graph.nodes.size(), "");
+  if (options.mode == Mode::Off || scope.regions.empty()) return tagger.result;
+  tagger.tag_by_policy();
+  tagger.tag_inplace();
+  tagger.tag_cross_unit();
+  tagger.count_rebuilt_inputs();
+  tagger.count();
+  return std::move(tagger.result);
+}
+
+}  // namespace hyper_ac
