@@ -67,9 +67,16 @@ State& state() {
   return *s;
 }
 
-c10::Allocator* g_prev = nullptr;        // the delegate
-c10::DeleterFnPtr g_prev_raw = nullptr;  // delegate's raw deleter, if any
-std::uint8_t g_priority = 0;             // priority our SetCPUAllocator won at
+// The delegate and its raw deleter.  Atomic because other threads may be
+// allocating while install() runs.
+std::atomic<c10::Allocator*> g_prev{nullptr};
+std::atomic<c10::DeleterFnPtr> g_prev_raw{nullptr};
+std::uint8_t g_priority = 0;  // priority our SetCPUAllocator call won at
+
+// Set by reaches_wrapper() on its own thread to see whether a request to
+// GetCPUAllocator() ends up in the wrapper.
+thread_local bool t_probing = false;
+thread_local bool t_probe_hit = false;
 
 // Charge `bytes` to every open scope (caller holds the lock).
 void charge(State& s, std::int64_t bytes) {
@@ -91,7 +98,7 @@ void credit(State& s, std::int64_t bytes, std::uint64_t stamp) {
 void tracked_delete(void* ptr) noexcept {
   if (ptr == nullptr) return;
   auto& s = state();
-  c10::DeleterFnPtr inner = g_prev_raw;
+  c10::DeleterFnPtr inner = g_prev_raw.load();
   {
     std::lock_guard<std::mutex> lock(s.mu);
     auto it = s.live.find(ptr);
@@ -125,7 +132,11 @@ void wrapped_delete(void* ctx) noexcept {
 
 struct CountingAllocator final : c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
-    c10::DataPtr inner = g_prev->allocate(n);
+    c10::DataPtr inner = g_prev.load()->allocate(n);
+    if (C10_UNLIKELY(t_probing)) {
+      t_probe_hit = true;
+      return inner;
+    }
     auto& s = state();
     if (s.open.load(std::memory_order_acquire) == 0 || n == 0 || !inner) {
       return inner;
@@ -151,17 +162,17 @@ struct CountingAllocator final : c10::Allocator {
   bool is_simple_data_ptr(const c10::DataPtr& p) const override {
     if (p.get_deleter() == &tracked_delete) return true;  // context == data
     if (p.get_deleter() == &wrapped_delete) return false;
-    return g_prev->is_simple_data_ptr(p);
+    return g_prev.load()->is_simple_data_ptr(p);
   }
 
   // Constant, as c10 requires.  Only offered when the delegate offers one:
   // tracked_delete then frees untracked pointers with the delegate's deleter.
   c10::DeleterFnPtr raw_deleter() const override {
-    return g_prev_raw != nullptr ? &tracked_delete : nullptr;
+    return g_prev_raw.load() != nullptr ? &tracked_delete : nullptr;
   }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
-    g_prev->copy_data(dest, src, count);
+    g_prev.load()->copy_data(dest, src, count);
   }
 };
 
@@ -172,6 +183,23 @@ CountingAllocator& counting_allocator() {
 
 bool is_installed() { return c10::GetCPUAllocator() == &counting_allocator(); }
 
+// True when CPU allocations reach the wrapper: it is registered, or whatever
+// replaced it delegates to it.  Probes with a 1-byte allocation.
+bool reaches_wrapper() {
+  if (is_installed()) return true;
+  if (g_prev.load() == nullptr) return false;  // never installed
+  t_probing = true;
+  t_probe_hit = false;
+  try {
+    c10::GetCPUAllocator()->allocate(1);  // freed at once
+  } catch (...) {
+    t_probing = false;
+    throw;
+  }
+  t_probing = false;
+  return t_probe_hit;
+}
+
 // Install the wrapper.  c10::SetAllocator only replaces the registered
 // allocator when the new priority is >= the registered one, and the
 // registered priority is not readable.  Trying 0, 1, 2, ... and stopping at
@@ -179,16 +207,20 @@ bool is_installed() { return c10::GetCPUAllocator() == &counting_allocator(); }
 // priority level is left as it was, anyone who could override torch's
 // allocator can still override ours, and uninstall() can restore the
 // delegate at that same priority.
+//
+// If something replaced the wrapper but still delegates to it, requests reach
+// it already; installing again would make the two delegate to each other, so
+// install() leaves things as they are then.
 bool install() {
-  if (is_installed()) return true;
+  if (reaches_wrapper()) return true;
   auto& wrapper = counting_allocator();
   c10::Allocator* prev = c10::GetCPUAllocator();
   if (prev == nullptr) throw std::runtime_error("c10 has no CPU allocator registered");
   // Set the delegate before the wrapper can receive a request.  Re-installing
   // over a different allocator is safe: tracked pointers keep their own
   // inner deleters.
-  g_prev = prev;
-  g_prev_raw = prev->raw_deleter();
+  g_prev.store(prev);
+  g_prev_raw.store(prev->raw_deleter());
   for (int p = 0; p <= 255; ++p) {
     c10::SetCPUAllocator(&wrapper, static_cast<std::uint8_t>(p));
     if (is_installed()) {
@@ -204,12 +236,13 @@ bool install() {
 // module and frees through the delegate's own deleter.
 bool uninstall() {
   if (!is_installed()) return false;
-  c10::SetCPUAllocator(g_prev, g_priority);
-  return c10::GetCPUAllocator() == g_prev;
+  c10::Allocator* prev = g_prev.load();
+  c10::SetCPUAllocator(prev, g_priority);
+  return c10::GetCPUAllocator() == prev;
 }
 
 std::uint64_t push_scope() {
-  if (!is_installed() && !install()) {
+  if (!install()) {
     throw std::runtime_error(
         "hyper_ac._memory: could not install the counting CPU allocator "
         "(another allocator holds priority 255)");
@@ -273,11 +306,15 @@ PYBIND11_MODULE(_memory, m) {
       "tensor memory per scope. Import torch before this module.";
   m.def("install", &install,
         "Install the counting allocator as c10's CPU allocator (idempotent). "
-        "Returns True when GetCPUAllocator() now returns it.");
+        "Returns True when CPU allocations now reach it.");
   m.def("uninstall", &uninstall,
         "Restore the previous CPU allocator if the counting one is still "
         "registered. Returns True if restored.");
-  m.def("is_installed", &is_installed);
+  m.def("is_installed", &is_installed,
+        "True when c10::GetCPUAllocator() returns the counting allocator.");
+  m.def("reaches_wrapper", &reaches_wrapper,
+        "True when CPU allocations reach the counting allocator (registered, or "
+        "wrapped by a later allocator that delegates to it).");
   m.def("push_scope", &push_scope,
         "Open a tracking scope (installs the allocator if needed); returns its id.");
   m.def("pop_scope", &pop_scope, py::arg("scope"),

@@ -164,7 +164,8 @@ def _target_name(target: Any) -> str:
 class TrackingInterpreter(torch.fx.Interpreter):
     """``torch.fx.Interpreter`` that records a :class:`NodeMemory` per node.
 
-    Records go to ``self.timeline`` and to ``tracker.timeline``.  Figures are
+    Records go to ``self.timeline`` (the latest run) and are appended to
+    ``tracker.timeline`` (every run inside the block).  Figures are
     relative to the ``tracker`` block; without a tracker (or with a closed
     one) ``run`` opens a block of its own for the run.  A node's figures are
     taken after the interpreter freed the values whose last use it was, so
@@ -189,6 +190,7 @@ class TrackingInterpreter(torch.fx.Interpreter):
             with self.tracker:
                 return self.run(*args, **kwargs)
         self._pending = None
+        self.timeline = []
         try:
             return super().run(*args, **kwargs)
         finally:

@@ -27,6 +27,18 @@ def test_is_available_and_installed():
         assert info["open_scopes"] >= 1
 
 
+def test_install_is_idempotent_and_keeps_priority():
+    C = memory._C
+    assert C.install() is True
+    prio = C.debug_info()["priority"]
+    assert C.install() is True
+    assert C.is_installed() is True
+    assert C.debug_info()["priority"] == prio
+    # torch registers its default CPU allocator at priority 0; probing from 0
+    # upwards installs at the registered priority, not above it.
+    assert prio == 0
+
+
 def test_exact_bytes_alloc_and_free():
     with memory.track() as t:
         assert (t.current_bytes, t.peak_bytes) == (0, 0)
