@@ -138,6 +138,11 @@ struct Tagger {
     }
     for (std::size_t i = 0; i < n; ++i) {
       if (!is_recompute(result.policies[i]) || !graph.nodes[i].is_forward()) continue;
+      // A replayed producer of mutated storage would yield the value before the write.
+      if (in_closure[i]) {
+        force_save(i, "in-place", result.stats.saved_inplace);
+        continue;
+      }
       for (auto input : graph.nodes[i].inputs)
         if (in_closure[static_cast<std::size_t>(input)]) {
           force_save(i, "in-place", result.stats.saved_inplace);

@@ -1,0 +1,170 @@
+// Small helpers for building graph documents in tests and comparing golden text.
+#pragma once
+
+#include <cstdlib>
+#include <fstream>
+#include <initializer_list>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "hyper_ac/graph.h"
+
+namespace hyper_ac::testing {
+
+using json = nlohmann::json;
+
+// Builds a version-1 graph document node by node; inputs are named.
+class GraphBuilder {
+ public:
+  struct NodeSpec {
+    std::string target;
+    std::vector<std::string> inputs;
+    std::string phase = "forward";
+    std::int64_t bytes = 64;
+    std::string fqn;           // innermost module; "" = none
+    std::string type = "Block";
+    double flops = 0;
+    std::string kind = "call_function";
+    std::string role;
+    json extra = json::object();  // any further fields (rng, view, aliased_inputs, ...)
+  };
+
+  GraphBuilder& add(const std::string& name, NodeSpec spec) {
+    json node;
+    node["id"] = next_id_;
+    node["name"] = name;
+    node["kind"] = spec.kind;
+    node["target"] = spec.target;
+    json inputs = json::array();
+    for (const auto& input : spec.inputs) inputs.push_back(ids_.at(input));
+    node["inputs"] = inputs;
+    node["phase"] = spec.phase;
+    if (spec.kind != "output") node["outputs"] = json::array({{{"bytes", spec.bytes}, {"dtype", "float32"}, {"shape", {spec.bytes / 4}}}});
+    if (spec.flops) node["flops"] = spec.flops;
+    if (!spec.fqn.empty()) node["module_stack"] = module_stack(spec.fqn, spec.type);
+    if (!spec.role.empty()) node["role"] = spec.role;
+    for (auto& item : spec.extra.items()) node[item.key()] = item.value();
+    ids_[name] = next_id_++;
+    nodes_.push_back(node);
+    return *this;
+  }
+  GraphBuilder& placeholder(const std::string& name, const std::string& role = "input", std::int64_t bytes = 64,
+                            const std::string& phase = "forward") {
+    NodeSpec spec;
+    spec.kind = "placeholder";
+    spec.target = name;
+    spec.role = role;
+    spec.bytes = bytes;
+    spec.phase = phase;
+    return add(name, spec);
+  }
+  GraphBuilder& op(const std::string& name, const std::string& target, std::vector<std::string> inputs,
+                   const std::string& fqn = "", json extra = json::object()) {
+    NodeSpec spec;
+    spec.target = target;
+    spec.inputs = std::move(inputs);
+    spec.fqn = fqn;
+    spec.extra = std::move(extra);
+    return add(name, spec);
+  }
+  GraphBuilder& bwd(const std::string& name, const std::string& target, std::vector<std::string> inputs,
+                    json extra = json::object()) {
+    NodeSpec spec;
+    spec.target = target;
+    spec.inputs = std::move(inputs);
+    spec.phase = "backward";
+    spec.extra = std::move(extra);
+    return add(name, spec);
+  }
+  GraphBuilder& output(std::vector<std::string> inputs) {
+    NodeSpec spec;
+    spec.kind = "output";
+    spec.target = "";
+    spec.inputs = std::move(inputs);
+    spec.phase = "backward";
+    return add("output", spec);
+  }
+  GraphBuilder& model(const std::string& type, std::vector<std::pair<std::string, std::string>> modules,
+                      std::vector<std::pair<std::string, std::string>> units) {
+    json m;
+    m["type"] = type;
+    m["modules"] = json::array();
+    m["units"] = json::array();
+    for (auto& [fqn, t] : modules) m["modules"].push_back({{"fqn", fqn}, {"type", t}});
+    for (auto& [fqn, t] : units) m["units"].push_back({{"fqn", fqn}, {"type", t}});
+    model_ = m;
+    return *this;
+  }
+
+  json document() const {
+    json doc;
+    doc["format"] = "hyper_ac.graph";
+    doc["version"] = 1;
+    doc["nodes"] = nodes_;
+    if (!model_.is_null()) doc["model"] = model_;
+    return doc;
+  }
+  std::string text() const { return document().dump(); }
+  Graph graph() const { return load_graph(text()).graph; }
+  std::int32_t index(const std::string& name) const {
+    for (std::size_t i = 0; i < nodes_.size(); ++i)
+      if (nodes_[i]["name"] == name) return static_cast<std::int32_t>(i);
+    return -1;
+  }
+
+  // "layers.0.mlp" with type T → frames [layers.0.mlp:T, layers.0:Block]; the
+  // innermost frame gets `type`, outer ones a type named after their last key.
+  static json module_stack(const std::string& fqn, const std::string& type) {
+    json frames = json::array();
+    std::string current = fqn;
+    bool first = true;
+    while (!current.empty()) {
+      std::string outer_type = first ? type : "Module";
+      auto dot = current.rfind('.');
+      // A numeric key sits in a container: its module is a block.
+      std::string key = dot == std::string::npos ? current : current.substr(dot + 1);
+      if (!first && !key.empty() && std::isdigit(static_cast<unsigned char>(key[0]))) outer_type = "Block";
+      frames.push_back({{"fqn", current}, {"type", outer_type}});
+      first = false;
+      if (dot == std::string::npos) break;
+      current = current.substr(0, dot);
+      // Containers (ModuleList) never run a forward, so they are not frames.
+      auto dot2 = current.rfind('.');
+      std::string key2 = dot2 == std::string::npos ? current : current.substr(dot2 + 1);
+      if (key2 == "layers") {
+        if (dot2 == std::string::npos) break;
+        current = current.substr(0, dot2);
+      }
+    }
+    return frames;
+  }
+
+ private:
+  json nodes_ = json::array();
+  json model_;
+  std::map<std::string, std::int64_t> ids_;
+  std::int64_t next_id_ = 0;
+};
+
+inline std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+// Compares `text` with tests/data/golden/<name>.txt; HYPER_AC_UPDATE_GOLDEN=1 rewrites it.
+inline bool matches_golden(const std::string& name, const std::string& text) {
+  std::string path = std::string(HYPER_AC_TEST_DATA) + "/golden/" + name + ".txt";
+  if (std::getenv("HYPER_AC_UPDATE_GOLDEN")) {
+    std::ofstream(path) << text;
+    return true;
+  }
+  return read_text(path) == text;
+}
+
+}  // namespace hyper_ac::testing

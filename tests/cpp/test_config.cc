@@ -1,0 +1,88 @@
+#include <catch2/catch.hpp>
+
+#include "hyper_ac/config.h"
+
+using namespace hyper_ac;
+
+TEST_CASE("parses the nested activation_checkpoint section", "[config]") {
+  Config c = parse_config(R"({"activation_checkpoint": {"mode": "selective",
+      "selection": {"source": "blocks", "layer_count": 2},
+      "regions": {"include": ["*.mlp"], "exclude": ["*.mlp.act"], "output_recompute": true},
+      "save_forward_all_gather": true}})");
+  CHECK(c.mode == Mode::Selective);
+  CHECK(*c.scope.layer_count == 2);
+  CHECK(c.scope.include == std::vector<std::string>{"*.mlp"});
+  CHECK(c.scope.exclude == std::vector<std::string>{"*.mlp.act"});
+  CHECK(c.scope.output_recompute == std::vector<std::string>{"*"});
+  CHECK(c.save_forward_all_gather);
+}
+
+TEST_CASE("parses the flat pass-config form", "[config]") {
+  Config c = parse_config(R"({"ac_mode": "full", "ac_layer_indices": [0, 2], "ac_save_forward_all_gather": false})");
+  CHECK(c.mode == Mode::Full);
+  CHECK(*c.scope.layer_indices == std::vector<std::int64_t>{0, 2});
+}
+
+TEST_CASE("reads YAML's unquoted off (false) as mode off", "[config]") {
+  CHECK(parse_config(R"({"ac_mode": false})").mode == Mode::Off);
+  CHECK_THROWS_WITH(parse_config(R"({"ac_mode": true})"), Catch::Contains("'on'/'yes'"));
+}
+
+TEST_CASE("config round-trips through canonical JSON", "[config]") {
+  Config c = parse_config(R"({"activation_checkpoint": {"mode": "budget", "memory_budget": "6GiB", "hardware": "h100"}})");
+  CHECK(*c.mincut.memory_budget == 6.0 * 1073741824.0);
+  CHECK_FALSE(c.mincut.memory_budget_is_fraction);
+  CHECK(c.mincut.hardware.name == "h100");
+  Config again = parse_config(config_to_json(c));
+  CHECK(config_to_json(again) == config_to_json(c));
+}
+
+TEST_CASE("config errors name the key", "[config][errors]") {
+  SECTION("unknown key with did-you-mean") {
+    CHECK_THROWS_WITH(parse_config(R"({"activation_checkpoint": {"mdoe": "full"}})"),
+                      Catch::Contains("activation_checkpoint.mdoe") && Catch::Contains("did you mean 'mode'"));
+    CHECK_THROWS_WITH(parse_config(R"({"ac_layer_cont": 2})"), Catch::Contains("did you mean 'ac_layer_count'"));
+  }
+  SECTION("wrong types") {
+    CHECK_THROWS_WITH(parse_config(R"({"ac_mode": 3})"), Catch::Contains("'ac_mode'") && Catch::Contains("must be a string"));
+    CHECK_THROWS_WITH(parse_config(R"({"ac_layer_count": true})"), Catch::Contains("got a boolean"));
+    CHECK_THROWS_WITH(parse_config(R"({"ac_layer_count": "2"})"), Catch::Contains("must be an integer"));
+    CHECK_THROWS_WITH(parse_config(R"({"ac_save_forward_all_gather": "yes"})"), Catch::Contains("true or false"));
+    CHECK_THROWS_WITH(parse_config(R"({"activation_checkpoint": {"regions": {"include": [1]}}})"),
+                      Catch::Contains("regions.include") && Catch::Contains("strings"));
+  }
+  SECTION("unknown values") {
+    CHECK_THROWS_WITH(parse_config(R"({"ac_mode": "fast"})"), Catch::Contains("unknown mode 'fast'"));
+    CHECK_THROWS_WITH(parse_config(R"({"ac_region_source": "magic"})"), Catch::Contains("unknown source 'magic'"));
+    CHECK_THROWS_WITH(parse_config(R"({"activation_checkpoint": {"hardware": "tpu"}})"), Catch::Contains("unknown hardware profile"));
+  }
+  SECTION("bad layer selections") {
+    CHECK_THROWS_WITH(parse_config(R"({"ac_layer_count": -1})"), Catch::Contains(">= 0"));
+    CHECK_THROWS_WITH(parse_config(R"({"ac_layer_indices": [1, 1]})"), Catch::Contains("duplicate layer index 1"));
+    CHECK_THROWS_WITH(parse_config(R"({"ac_layer_indices": [true]})"), Catch::Contains("boolean"));
+  }
+  SECTION("conflicting options") {
+    CHECK_THROWS_WITH(parse_config(R"({"ac_layer_count": 1, "ac_layer_indices": [0]})"), Catch::Contains("both layer_count and layer_indices"));
+    CHECK_THROWS_WITH(parse_config(R"({"ac_mode": "full", "activation_checkpoint": {}})"), Catch::Contains("mixes"));
+    CHECK_THROWS_WITH(parse_config(R"({"ac_mode": "budget"})"), Catch::Contains("needs a memory_budget"));
+    CHECK_THROWS_WITH(parse_config(R"({"ac_mode": "full", "ac_memory_budget": 0.5})"), Catch::Contains("only used by mode 'budget'"));
+    CHECK_THROWS_WITH(parse_config(R"({"ac_mode": "full", "ac_region_source": "model_adapter_safe_regions"})"),
+                      Catch::Contains("no model adapter"));
+  }
+  SECTION("bad sizes") {
+    CHECK_THROWS_WITH(parse_config(R"({"ac_mode": "budget", "ac_memory_budget": "6 parsecs"})"), Catch::Contains("unknown size unit"));
+    CHECK_THROWS_WITH(parse_config(R"({"ac_mode": "budget", "ac_memory_budget": -2})"), Catch::Contains("positive"));
+  }
+  SECTION("bad op policy") {
+    CHECK_THROWS_WITH(parse_config(R"({"op_policy": {"must_saev": []}})"), Catch::Contains("did you mean 'must_save'"));
+  }
+  SECTION("not JSON") { CHECK_THROWS_AS(parse_config("{"), ConfigError); }
+}
+
+TEST_CASE("op policy override replaces only the named categories", "[config]") {
+  OpPolicyTable base = parse_op_policy(R"({"must_save": ["aten::mm"], "must_recompute": ["aten::topk"]})");
+  Config c = parse_config(R"({"ac_mode": "selective", "op_policy": {"must_save": ["aten::bmm"]}})");
+  OpPolicyTable table = effective_op_policy(c, base);
+  CHECK(table.must_save == std::vector<std::string>{"aten::bmm"});
+  CHECK(table.must_recompute == std::vector<std::string>{"aten::topk"});
+}
