@@ -155,6 +155,7 @@ TEST_CASE("in-place: the mutation, its users and readers of aliased storage are 
   b.model("Net", {{"layers.0", "Block"}}, {{"layers.0", "Block"}});
   auto r = run(b, kFull);
   auto p = policies(b, r);
+  CHECK(p["base"] == "MUST_SAVE");    // a replay would produce the value before the write
   CHECK(p["write"] == "MUST_SAVE");
   CHECK(p["after"] == "MUST_SAVE");
   CHECK(p["v1"] == "MUST_SAVE");      // reads the mutated base
