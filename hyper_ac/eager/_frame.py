@@ -228,8 +228,10 @@ class Frame:
                     "backward pass except the last one.")
             raise RuntimeError(
                 "hyper_ac.eager.checkpoint: a saved tensor was unpacked twice in "
-                "the same backward pass; if you access ctx.saved_tensors in a "
-                "custom backward, do so only once.")
+                "the same backward pass, or in two overlapping backward passes "
+                "under one torch.utils.checkpoint.GraphExecGroup (use a recompute "
+                "session with retain_on_unpack=True for that). If you access "
+                "ctx.saved_tensors in a custom backward, do so only once.")
         value = self.recomputed[key][slot]
         if session is None or not session.retain:
             holder.slots[key] = None

@@ -6,6 +6,7 @@ replay counts are exact.  CPU only.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 
@@ -147,6 +148,41 @@ def test_multiple_backwards_replay_per_backward():
     out.backward()
     assert block.calls == 3  # forward + one replay per backward, as in PyTorch
     _assert_all_equal([p.grad for p in params], want)
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_graph_exec_group_shares_one_replay_like_pytorch(grouped):
+    torch.manual_seed(0)
+    lin1, lin2 = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    x = torch.randn(3, 4, requires_grad=True)
+    calls = {"fn": 0}
+
+    def fn(t):
+        calls["fn"] += 1
+        return lin1(t).sin(), lin2(t).cos()
+
+    want1 = _grads(fn(x)[0].sum(), [lin1.weight])
+    want2 = _grads(fn(x)[1].sum(), [lin2.weight])
+    calls["fn"] = 0
+    a, b = checkpoint(fn, x)
+    group = torch_ckpt.GraphExecGroup() if grouped else contextlib.nullcontext()
+    with group:  # two backward passes over disjoint saved tensors
+        got1 = _grads(a.sum(), [lin1.weight])
+        got2 = _grads(b.sum(), [lin2.weight])
+    assert calls["fn"] == (2 if grouped else 3)
+    _assert_all_equal(got1, want1)
+    _assert_all_equal(got2, want2)
+
+
+def test_overlapping_backwards_in_graph_exec_group_raise_like_pytorch():
+    lin = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4, requires_grad=True)
+    for ckpt in (functools.partial(torch_ckpt.checkpoint, use_reentrant=False), checkpoint):
+        loss = ckpt(lambda t: lin(t).sin(), x).sum()
+        with torch_ckpt.GraphExecGroup():
+            torch.autograd.grad(loss, [x], retain_graph=True)
+            with pytest.raises(RuntimeError, match="unpacked"):
+                torch.autograd.grad(loss, [lin.weight])
 
 
 def test_nested_checkpoints_match_pytorch():
