@@ -81,6 +81,14 @@ def _detached_like(value: Any) -> Any:
     return value
 
 
+def _same_rng(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is b
+    (cpu_a, dev_a), (cpu_b, dev_b) = a, b
+    return (torch.equal(cpu_a, cpu_b) and len(dev_a) == len(dev_b)
+            and all(torch.equal(x, y) for x, y in zip(dev_a, dev_b)))
+
+
 # -- input paths ------------------------------------------------------------
 
 def _iter_tensors(args: tuple, kwargs: dict) -> Iterator[tuple[tuple, torch.Tensor]]:
@@ -174,6 +182,7 @@ class CheckpointExcludeWrapper(nn.Module):
                 return packed.get()
             return packed
 
+        rng_before = frame.capture_rng()
         try:
             with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
                 output = self._body(*args, **kwargs)
@@ -188,7 +197,10 @@ class CheckpointExcludeWrapper(nn.Module):
 
         bindings = [(path, weakref.ref(deferred)) for path, deferred in candidates
                     if deferred.used]
-        record = _Record(output, bindings, frame.capture_rng())
+        rng_after = frame.capture_rng()
+        if _same_rng(rng_before, rng_after):
+            rng_after = None  # the body drew no random numbers: nothing to restore
+        record = _Record(output, bindings, rng_after)
         frame.exclude_records.setdefault(id(self), []).append(record)
         if bindings:
             frame.exclude_needed += 1

@@ -77,12 +77,12 @@ def _make(seed: int = 0, p: float = 0.0, dim: int = 16):
 
 
 class _StorageMeter(TorchDispatchMode):
-    """Bytes of storages allocated under the mode that are still alive.
+    """Bytes of storages created under the mode that are still alive.
 
-    Stand-in for hyper_ac.memory.track() (not available when these tests were
-    written): a storage created by any operator during the forward and still
-    alive afterwards is forward-resident.  Storages of ``ignore`` tensors
-    (parameters, inputs) existed before and are not counted.
+    Fallback for hyper_ac.memory.track() where the _memory extension is not
+    built: a storage created by an operator inside the block and still alive
+    is resident.  Storages of ``ignore`` tensors (parameters, inputs) existed
+    before and are not counted.
     """
 
     def __init__(self, ignore=()) -> None:
@@ -100,8 +100,31 @@ class _StorageMeter(TorchDispatchMode):
                     self.refs.setdefault(ref.cdata, (ref, storage.nbytes()))
         return out
 
-    def live_bytes(self) -> int:
+    @property
+    def current_bytes(self) -> int:
         return sum(n for ref, n in self.refs.values() if not ref.expired())
+
+
+def _track_available() -> bool:
+    try:
+        from hyper_ac import memory
+    except ImportError:
+        return False
+    return memory.is_available()
+
+
+# "track": hyper_ac.memory.track() (LibTorch counting allocator), used where
+# the extension is built; "storages": the dispatch-mode meter above, always.
+METERS = ["storages"] + (["track"] if _track_available() else [])
+
+
+def _meter(kind: str, ignore=()):
+    """Context manager yielding an object whose current_bytes are live bytes
+    allocated inside the block (frozen at exit for "track")."""
+    if kind == "track":
+        from hyper_ac import memory
+        return memory.track()
+    return _StorageMeter(ignore=ignore)
 
 
 # --------------------------------------------------------------------------
@@ -481,17 +504,18 @@ def test_two_micro_batches_two_sessions():
     _assert_all_equal(got1, want1)
 
 
-def test_clear_frees_replayed_tensors_and_is_idempotent():
+@pytest.mark.parametrize("meter", METERS)
+def test_clear_frees_replayed_tensors_and_is_idempotent(meter):
     block, x, params = _make()
     with recompute_handle_collector_ctx() as handles:
         out = checkpoint(block, x).sum()
-    meter = _StorageMeter(ignore=params)
-    with meter:
+    with _meter(meter, ignore=params) as resident:
         recompute_handle(handles[0], "s")
-    held = meter.live_bytes()
+        held = resident.current_bytes
+        clear_recompute_session("s")
+        after = resident.current_bytes
     assert held > 0
-    clear_recompute_session("s")
-    assert meter.live_bytes() == 0
+    assert after == 0
     clear_recompute_session("s")  # idempotent
     clear_recompute_session("never-used")
     # after clearing, the frame is an ordinary checkpoint again
@@ -763,15 +787,15 @@ def _moe_setup(kind: str):
     return norm, mm, x, [x, norm.weight, *mm.parameters()]
 
 
-def _forward_resident(run, ignore):
-    meter = _StorageMeter(ignore=ignore)
-    with meter:
+def _forward_resident(meter, run, ignore):
+    with _meter(meter, ignore=ignore) as resident:
         out = run()
-    return out, meter.live_bytes()
+    return out, resident.current_bytes
 
 
+@pytest.mark.parametrize("meter", METERS)
 @pytest.mark.parametrize("kind", ["grouped", "plain"])
-def test_exclude_runs_once_matches_baseline_and_drops_input(kind):
+def test_exclude_runs_once_matches_baseline_and_drops_input(kind, meter):
     norm, mm, x, params = _moe_setup(kind)
     ignore = [*params, *mm.buffers()]
     want = _grads(mm(norm(x)).square().mean(), params)
@@ -789,7 +813,7 @@ def test_exclude_runs_once_matches_baseline_and_drops_input(kind):
             calls["fn"] += 1
             return layer(norm(inp)).square().mean()
 
-        loss, resident = _forward_resident(lambda: checkpoint(block, x), ignore)
+        loss, resident = _forward_resident(meter, lambda: checkpoint(block, x), ignore)
         grads = _grads(loss, params)
         results[mode] = (resident, mm.calls, calls["fn"], grads)
 
@@ -803,7 +827,8 @@ def test_exclude_runs_once_matches_baseline_and_drops_input(kind):
     assert results["optimized"][0] - results["recompute"][0] == out_bytes
 
 
-def test_exclude_view_input_falls_back():
+@pytest.mark.parametrize("meter", METERS)
+def test_exclude_view_input_falls_back(meter):
     norm, mm, x, params = _moe_setup("plain")
     ignore = [*params]
     want = _grads(mm(norm(x)).square().mean(), params)
@@ -817,7 +842,7 @@ def test_exclude_view_input_falls_back():
             h = norm(inp).t()  # a view reaches the excluded module
             return layer(h.t()).square().mean()
 
-        loss, resident[optimize] = _forward_resident(lambda: checkpoint(block, x), ignore)
+        loss, resident[optimize] = _forward_resident(meter, lambda: checkpoint(block, x), ignore)
         _assert_all_equal(_grads(loss, params), want)
         assert mm.calls == 1
     assert resident[True] == resident[False]  # not optimised, still correct
