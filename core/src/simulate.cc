@@ -1,0 +1,172 @@
+#include "hyper_ac/simulate.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace hyper_ac {
+
+namespace {
+
+constexpr std::int32_t kNone = -1;
+
+class UnionFind {
+ public:
+  explicit UnionFind(std::size_t n) : parent_(n) {
+    for (std::size_t i = 0; i < n; ++i) parent_[i] = static_cast<std::int32_t>(i);
+  }
+  std::int32_t find(std::int32_t x) {
+    while (parent_[static_cast<std::size_t>(x)] != x) {
+      auto& p = parent_[static_cast<std::size_t>(x)];
+      p = parent_[static_cast<std::size_t>(p)];  // path halving
+      x = p;
+    }
+    return x;
+  }
+  // The earlier step stays the representative (deterministic).
+  void unite(std::int32_t a, std::int32_t b) {
+    a = find(a);
+    b = find(b);
+    if (a == b) return;
+    if (b < a) std::swap(a, b);
+    parent_[static_cast<std::size_t>(b)] = a;
+  }
+
+ private:
+  std::vector<std::int32_t> parent_;
+};
+
+std::vector<ScheduleStep> original_schedule(const Graph& graph) {
+  std::vector<ScheduleStep> schedule(graph.nodes.size());
+  for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
+    schedule[i].node = static_cast<std::int32_t>(i);
+    schedule[i].inputs = graph.nodes[i].inputs;
+  }
+  return schedule;
+}
+
+bool is_resident(const Node& node) { return node.kind == NodeKind::Placeholder || node.kind == NodeKind::GetAttr; }
+
+// Positions of the inputs whose storage the node's output shares (empty = it allocates).
+std::vector<std::int32_t> alias_positions(const Node& node) {
+  if (node.kind != NodeKind::CallFunction) return {};
+  std::vector<std::int32_t> positions;
+  for (auto p : node.aliased_inputs)
+    if (p >= 0 && static_cast<std::size_t>(p) < node.inputs.size()) positions.push_back(p);
+  if (positions.empty() && node.view && !node.inputs.empty()) positions.push_back(0);
+  return positions;
+}
+
+std::string step_name(const Graph& graph, const ScheduleStep& step, std::size_t index) {
+  std::string name = "step " + std::to_string(index);
+  if (step.node >= 0 && static_cast<std::size_t>(step.node) < graph.nodes.size())
+    name += (step.duplicate ? " (duplicate of '" : " ('") + graph.nodes[static_cast<std::size_t>(step.node)].name + "')";
+  return name;
+}
+
+}  // namespace
+
+SimulateResult simulate_memory(const Graph& graph, const RematPlan* plan, const SimulateOptions& options) {
+  const std::vector<ScheduleStep> schedule = plan ? rewritten_schedule(graph, *plan) : original_schedule(graph);
+  const std::size_t steps = schedule.size();
+  const auto end_of_time = static_cast<std::int32_t>(steps);
+  SimulateResult result;
+  result.stats.steps = steps;
+
+  // Pass 1: check the schedule, build the alias union-find, allocations.
+  UnionFind storage(steps);
+  std::vector<std::int64_t> allocation(steps, 0);
+  std::vector<char> resident(steps, 0);
+  std::int32_t last_forward = kNone;
+  for (std::size_t s = 0; s < steps; ++s) {
+    const ScheduleStep& step = schedule[s];
+    if (step.node < 0 || static_cast<std::size_t>(step.node) >= graph.nodes.size())
+      throw std::invalid_argument("simulate_memory: " + step_name(graph, step, s) + " names no graph node");
+    const Node& node = graph.nodes[static_cast<std::size_t>(step.node)];
+    if (step.inputs.size() != node.inputs.size())
+      throw std::invalid_argument("simulate_memory: " + step_name(graph, step, s) + " has " +
+                                  std::to_string(step.inputs.size()) + " inputs, node has " +
+                                  std::to_string(node.inputs.size()));
+    for (std::size_t k = 0; k < step.inputs.size(); ++k)
+      if (step.inputs[k] < 0 || static_cast<std::size_t>(step.inputs[k]) >= s)
+        throw std::invalid_argument("simulate_memory: " + step_name(graph, step, s) + " reads '" +
+                                    graph.nodes[static_cast<std::size_t>(node.inputs[k])].name +
+                                    "' before any step computes it");
+    if (step.duplicate) ++result.stats.duplicate_steps;
+    if (node.is_forward() && !step.duplicate && node.kind != NodeKind::Output) last_forward = static_cast<std::int32_t>(s);
+    if (is_resident(node)) {
+      resident[s] = 1;
+      result.resident_bytes += node.output_bytes();
+      ++result.stats.resident_values;
+      continue;
+    }
+    if (node.kind == NodeKind::Output) continue;
+    auto positions = alias_positions(node);
+    if (positions.empty()) {
+      allocation[s] = node.output_bytes();
+      continue;
+    }
+    ++result.stats.aliasing_steps;
+    for (auto p : positions) storage.unite(static_cast<std::int32_t>(s), step.inputs[static_cast<std::size_t>(p)]);
+  }
+
+  // Pass 2: per storage, residency and the last step that touches any alias.
+  std::vector<char> root_resident(steps, 0);
+  std::vector<std::int32_t> last_use(steps, kNone);
+  for (std::size_t s = 0; s < steps; ++s) {
+    const auto here = static_cast<std::int32_t>(s);
+    auto root = static_cast<std::size_t>(storage.find(here));
+    if (resident[s]) root_resident[root] = 1;
+    last_use[root] = std::max(last_use[root], here);
+    const bool is_output = graph.nodes[static_cast<std::size_t>(schedule[s].node)].kind == NodeKind::Output;
+    for (auto input : schedule[s].inputs) {
+      auto r = static_cast<std::size_t>(storage.find(input));
+      last_use[r] = std::max(last_use[r], is_output ? end_of_time : here);
+    }
+  }
+  // Storages freed after each step, as intrusive lists (O(steps)).
+  std::vector<std::int32_t> free_head(steps, kNone), free_next(steps, kNone);
+  for (std::size_t r = 0; r < steps; ++r) {
+    if (storage.find(static_cast<std::int32_t>(r)) != static_cast<std::int32_t>(r) || root_resident[r]) continue;
+    if (last_use[r] >= end_of_time) continue;
+    auto at = static_cast<std::size_t>(last_use[r]);
+    free_next[r] = free_head[at];
+    free_head[at] = static_cast<std::int32_t>(r);
+  }
+
+  // Pass 3: walk.
+  std::vector<std::int64_t> held(steps, 0);  // bytes allocated so far per storage root
+  std::vector<char> counted(steps, 0);
+  std::int64_t live = 0;
+  if (options.record_timeline) result.timeline.reserve(steps);
+  for (std::size_t s = 0; s < steps; ++s) {
+    if (allocation[s] > 0) {
+      auto root = static_cast<std::size_t>(storage.find(static_cast<std::int32_t>(s)));
+      held[root] += allocation[s];
+      live += allocation[s];
+      if (!counted[root]) {
+        counted[root] = 1;
+        ++result.stats.storages;
+      }
+    }
+    if (options.record_timeline) result.timeline.push_back(live);
+    if (result.peak_step < 0 || live > result.peak_bytes) {
+      result.peak_bytes = live;
+      result.peak_step = static_cast<std::int32_t>(s);
+      result.peak_node = schedule[s].node;
+    }
+    for (auto r = free_head[s]; r != kNone; r = free_next[static_cast<std::size_t>(r)]) {
+      live -= held[static_cast<std::size_t>(r)];
+      held[static_cast<std::size_t>(r)] = 0;
+    }
+    if (static_cast<std::int32_t>(s) == last_forward) {
+      result.boundary_bytes = live;
+      result.boundary_step = last_forward;
+    }
+  }
+  result.final_bytes = live;
+  result.peak_bytes_with_resident = result.peak_bytes + result.resident_bytes;
+  return result;
+}
+
+}  // namespace hyper_ac
