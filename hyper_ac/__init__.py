@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 # `hyper_ac.eager` are modules, imported as usual.
 _LAZY = {
     "ActivationCheckpointPass": ("hyper_ac.passes", "ActivationCheckpointPass"),
-    "backend": ("hyper_ac.backend", "backend"),
+    "backend": ("hyper_ac.backends", "backend"),
     "load_config": ("hyper_ac.config", "load_config"),
     "pareto": ("hyper_ac.passes", "pareto"),
 }

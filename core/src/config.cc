@@ -349,10 +349,6 @@ Config parse_config(const std::string& json_text) {
   if (config.mode != Mode::Budget && config.mincut.memory_budget)
     throw ConfigError(std::string("config key 'memory_budget': only used by mode 'budget', but mode is '") +
                       to_string(config.mode) + "'");
-  if (config.region_source == "model_adapter_safe_regions" && !config.adapter_given)
-    throw ConfigError(
-        "config selection.source is 'model_adapter_safe_regions' but no model adapter is registered for this model "
-        "(register a RecomputePolicy with hyper_ac.config.register_adapter)");
   return config;
 }
 

@@ -10,6 +10,11 @@ namespace {
 
 ScopeOptions scope_options(const Config& config) {
   ScopeOptions options = config.scope;
+  // Checked here, not when parsing: the adapter is known only once the model is.
+  if (config.region_source == "model_adapter_safe_regions" && !config.adapter_given)
+    throw ConfigError(
+        "config selection.source is 'model_adapter_safe_regions' but no model adapter is registered for this model "
+        "(register a RecomputePolicy with hyper_ac.config.register_adapter)");
   // Adapter regions stand in for configured ones: always when the source asks
   // for them, otherwise only when the config names no regions of its own.
   bool use_adapter = config.adapter_given &&

@@ -66,8 +66,6 @@ TEST_CASE("config errors name the key", "[config][errors]") {
     CHECK_THROWS_WITH(parse_config(R"({"ac_mode": "full", "activation_checkpoint": {}})"), Catch::Contains("mixes"));
     CHECK_THROWS_WITH(parse_config(R"({"ac_mode": "budget"})"), Catch::Contains("needs a memory_budget"));
     CHECK_THROWS_WITH(parse_config(R"({"ac_mode": "full", "ac_memory_budget": 0.5})"), Catch::Contains("only used by mode 'budget'"));
-    CHECK_THROWS_WITH(parse_config(R"({"ac_mode": "full", "ac_region_source": "model_adapter_safe_regions"})"),
-                      Catch::Contains("no model adapter"));
   }
   SECTION("bad sizes") {
     CHECK_THROWS_WITH(parse_config(R"({"ac_mode": "budget", "ac_memory_budget": "6 parsecs"})"), Catch::Contains("unknown size unit"));

@@ -221,6 +221,8 @@ TEST_CASE("exclusions never recompute and rebuild their inputs in backward", "[t
 
 TEST_CASE("adapter regions narrow units and pull exclusions out", "[tagging]") {
   auto b = two_units();
+  CHECK_THROWS_WITH(run(b, R"({"ac_mode": "full", "ac_region_source": "model_adapter_safe_regions"})"),
+                    Catch::Contains("no model adapter"));
   auto r = run(b, R"({"ac_mode": "full", "ac_region_source": "model_adapter_safe_regions",
                       "adapter": {"include": ["*.mlp"], "exclude": []}})");
   auto p = policies(b, r);

@@ -1,0 +1,178 @@
+"""Loading and validating pass configs.
+
+YAML (or a dict) goes in; the C++ core validates it (unknown keys with a
+did-you-mean, wrong types, conflicts) and returns its canonical form. Model
+adapters (``RecomputePolicy``) supply region patterns for a model type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
+
+import yaml
+
+from hyper_ac import _core
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+# configs/ sits beside the package in a checkout (editable install).
+CONFIG_DIR = _PACKAGE_DIR.parent / "configs"
+DEFAULT_OP_POLICY = CONFIG_DIR / "op_policy.yaml"
+
+ConfigError = _core.ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class RecomputePolicy:
+    """A model adapter's recompute regions.
+
+    ``region_patterns``: fnmatch patterns over module FQNs; the outermost
+    matches inside the selected units become the regions.
+    ``exclude_patterns``: FQNs whose nodes are never recomputed.
+    ``on_applied(model)``: runs exactly once per model, before capture.
+    """
+
+    region_patterns: Sequence[str]
+    exclude_patterns: Sequence[str] = ()
+    on_applied: Optional[Callable[[Any], None]] = None
+
+    def __post_init__(self) -> None:
+        for name in ("region_patterns", "exclude_patterns"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not all(isinstance(p, str) and p for p in value):
+                raise TypeError(f"RecomputePolicy.{name} must be a list of non-empty strings, got {value!r}")
+        if self.on_applied is not None and not callable(self.on_applied):
+            raise TypeError("RecomputePolicy.on_applied must be callable or None")
+
+
+_ADAPTERS: dict[type, RecomputePolicy] = {}
+
+
+def register_adapter(model_type: type, policy: RecomputePolicy) -> None:
+    """Register ``policy`` for ``model_type`` (and its subclasses)."""
+    if not isinstance(model_type, type):
+        raise TypeError(f"register_adapter needs a class, got {model_type!r}")
+    if not isinstance(policy, RecomputePolicy):
+        raise TypeError(f"register_adapter needs a RecomputePolicy, got {type(policy).__name__}")
+    _ADAPTERS[model_type] = policy
+
+
+def unregister_adapter(model_type: type) -> None:
+    _ADAPTERS.pop(model_type, None)
+
+
+def adapter_for(model: Any) -> Optional[RecomputePolicy]:
+    """The adapter registered for the model's type (nearest class in its MRO)."""
+    if model is None:
+        return None
+    for cls in type(model).__mro__:
+        if cls in _ADAPTERS:
+            return _ADAPTERS[cls]
+    return None
+
+
+def apply_adapter_hook(model: Any) -> None:
+    """Run the adapter's ``on_applied(model)`` once per model instance."""
+    policy = adapter_for(model)
+    if policy is None or policy.on_applied is None:
+        return
+    if getattr(model, "_hyper_ac_adapter_applied", False):
+        return
+    policy.on_applied(model)
+    try:
+        object.__setattr__(model, "_hyper_ac_adapter_applied", True)
+    except Exception:  # a frozen / slotted model: run-once is then per call
+        pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """A validated config: ``data`` is the core's canonical form."""
+
+    data: Mapping[str, Any]
+    source: str = "<dict>"
+
+    @property
+    def mode(self) -> str:
+        return self.data["activation_checkpoint"]["mode"]
+
+    def to_json(self) -> str:
+        return json.dumps(self.data, sort_keys=True)
+
+    def json_for(self, model: Any = None) -> str:
+        """The config JSON handed to the core, with the model adapter's patterns."""
+        data = dict(self.data)
+        policy = adapter_for(model)
+        if policy is not None:
+            data["adapter"] = {"include": list(policy.region_patterns), "exclude": list(policy.exclude_patterns)}
+            try:
+                return _core.validate_config(json.dumps(data))
+            except ConfigError as error:
+                raise ConfigError(f"{self.source}: {error}") from None
+        return json.dumps(data)
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ConfigError(f"cannot read config file '{path}': {error.strerror}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config file '{path}' is not valid YAML: {error}") from None
+
+
+def load_config(source: Union[str, os.PathLike, Mapping[str, Any], Config, None]) -> Config:
+    """Load and validate a config from a YAML path, a dict or a Config.
+
+    Raises ``hyper_ac.config.ConfigError`` (a ``ValueError``) naming the key.
+    """
+    if isinstance(source, Config):
+        return source
+    if source is None:
+        data: Any = {"ac_mode": "off"}
+        label = "<none>"
+    elif isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if not path.exists() and not os.path.isabs(path) and (CONFIG_DIR / path).exists():
+            path = CONFIG_DIR / path
+        if not path.exists():
+            raise ConfigError(f"config file '{source}' does not exist (presets live in {CONFIG_DIR})")
+        data = _read_yaml(path)
+        label = str(path)
+        if data is None:
+            raise ConfigError(f"config file '{path}' is empty")
+    elif isinstance(source, Mapping):
+        data = dict(source)
+        label = "<dict>"
+    else:
+        raise TypeError(f"config must be a YAML path, a dict or a hyper_ac Config, got {type(source).__name__}")
+    try:
+        canonical = _core.validate_config(json.dumps(data))
+    except ConfigError as error:
+        raise ConfigError(f"{label}: {error}") from None
+    except TypeError as error:  # json.dumps on a non-JSON value (a date, a set, ...)
+        raise ConfigError(f"{label}: config holds a value that is not plain data: {error}") from None
+    return Config(json.loads(canonical), label)
+
+
+_OP_POLICY_CACHE: dict[str, str] = {}
+
+
+def op_policy_json(path: Union[str, os.PathLike, None] = None) -> str:
+    """The operator policy table as the JSON the core reads."""
+    path = Path(path) if path is not None else DEFAULT_OP_POLICY
+    key = str(path)
+    if key not in _OP_POLICY_CACHE:
+        data = _read_yaml(path)
+        text = json.dumps(data)
+        try:
+            _core.validate_op_policy(text)
+        except ConfigError as error:
+            raise ConfigError(f"{path}: {error}") from None
+        _OP_POLICY_CACHE[key] = text
+    return _OP_POLICY_CACHE[key]

@@ -1,0 +1,751 @@
+// Min-cut stage: hand-built joint graphs in the spirit of PyTorch's
+// partitioner tests, lambda sweeps, infeasible tags, and a brute-force
+// property test on random DAGs.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "hyper_ac/mincut.h"
+
+using namespace hyper_ac;
+
+namespace {
+
+// Builds a Graph directly (no JSON): forward ops, backward ops, an output.
+class Net {
+ public:
+  std::int32_t input(const std::string& name, std::int64_t bytes, Role role = Role::Input) {
+    Node node;
+    node.kind = NodeKind::Placeholder;
+    node.target = name;
+    node.role = role;
+    node.outputs = {{bytes, "float32", {bytes / 4}}};
+    return push(name, std::move(node));
+  }
+  std::int32_t tangent(const std::string& name, std::int64_t bytes) {
+    std::int32_t i = input(name, bytes, Role::Tangent);
+    graph_.nodes[static_cast<std::size_t>(i)].phase = Phase::Backward;
+    return i;
+  }
+  std::int32_t fw(const std::string& name, const std::string& target, const std::vector<std::string>& inputs,
+                  std::int64_t bytes, double flops = 0.0) {
+    return op(name, target, inputs, bytes, flops, Phase::Forward);
+  }
+  std::int32_t bw(const std::string& name, const std::vector<std::string>& inputs, std::int64_t bytes = 16) {
+    return op(name, "aten::bw.default", inputs, bytes, 0.0, Phase::Backward);
+  }
+  std::int32_t view(const std::string& name, const std::string& base, std::int64_t bytes) {
+    std::int32_t i = fw(name, "aten::view.default", {base}, bytes);
+    node(name).view = true;
+    node(name).aliased_inputs = {0};
+    return i;
+  }
+  std::int32_t output(const std::vector<std::string>& inputs) {
+    Node node;
+    node.kind = NodeKind::Output;
+    node.phase = Phase::Backward;
+    for (const auto& input : inputs) node.inputs.push_back(at(input));
+    return push("output", std::move(node));
+  }
+  Node& node(const std::string& name) { return graph_.nodes[static_cast<std::size_t>(at(name))]; }
+  std::int32_t at(const std::string& name) const { return ids_.at(name); }
+
+  Graph graph() const {
+    Graph g = graph_;
+    g.finalize();
+    return g;
+  }
+  // Every forward call_function gets `fallback`, except the named overrides.
+  std::vector<Policy> tags(Policy fallback, const std::map<std::string, Policy>& overrides = {}) const {
+    std::vector<Policy> tags(graph_.nodes.size(), Policy::None);
+    for (std::size_t i = 0; i < graph_.nodes.size(); ++i) {
+      const Node& n = graph_.nodes[i];
+      if (n.is_forward() && n.kind == NodeKind::CallFunction) tags[i] = fallback;
+      auto it = overrides.find(n.name);
+      if (it != overrides.end()) tags[i] = it->second;
+    }
+    return tags;
+  }
+  std::vector<std::string> names(const std::vector<std::int32_t>& indices) const {
+    std::vector<std::string> out;
+    for (auto i : indices) out.push_back(graph_.nodes[static_cast<std::size_t>(i)].name);
+    return out;
+  }
+
+ private:
+  std::int32_t op(const std::string& name, const std::string& target, const std::vector<std::string>& inputs,
+                  std::int64_t bytes, double flops, Phase phase) {
+    Node node;
+    node.target = target;
+    node.phase = phase;
+    node.flops = flops;
+    node.outputs = {{bytes, "float32", {bytes / 4}}};
+    for (const auto& input : inputs) node.inputs.push_back(at(input));
+    return push(name, std::move(node));
+  }
+  std::int32_t push(const std::string& name, Node node) {
+    node.name = name;
+    node.id = static_cast<std::int64_t>(graph_.nodes.size());
+    auto index = static_cast<std::int32_t>(graph_.nodes.size());
+    graph_.nodes.push_back(std::move(node));
+    ids_[name] = index;
+    return index;
+  }
+
+  Graph graph_;
+  std::map<std::string, std::int32_t> ids_;
+};
+
+using Names = std::vector<std::string>;
+
+// A GPU-like roofline with round numbers: 1e14 FLOP/s, 1e12 B/s. A pointwise
+// op over N bytes (reads N, writes N) then costs 2N / 1e12 seconds.
+MinCutOptions gpu(double lambda) {
+  MinCutOptions options;
+  options.lambda = lambda;
+  options.hardware = {"test-gpu", 1.0e14, 1.0e12};
+  options.prefer_save_factor = 1.0;
+  options.prefer_recompute_factor = 1.0;
+  return options;
+}
+
+}  // namespace
+
+TEST_CASE("a cos chain saves only its input", "[mincut]") {
+  const std::int64_t N = 1000000;
+  for (bool input_is_activation : {false, true}) {
+    Net net;
+    net.input("x0", N);
+    net.input("w", N, Role::Parameter);
+    // The chain's input: a graph input, or an mm output pinned MUST_SAVE.
+    if (input_is_activation)
+      net.fw("x", "aten::mm.default", {"x0", "w"}, N, 1e9);
+    else
+      net.input("x", N);
+    net.fw("c1", "aten::cos.default", {"x"}, N);
+    net.fw("c2", "aten::cos.default", {"c1"}, N);
+    net.fw("c3", "aten::cos.default", {"c2"}, N);
+    net.tangent("t", N);
+    // d cos(u) = -sin(u): every cos's backward reads its input.
+    net.bw("g3", {"t", "c2"});
+    net.bw("g2", {"g3", "c1"});
+    net.bw("g1", {"g2", "x"});
+    net.output({"c3", "g1"});
+    Graph g = net.graph();
+    auto tags = net.tags(Policy::PreferRecompute, {{"x", Policy::MustSave}});
+    MinCutResult r = solve_min_cut(g, tags, gpu(1e11));
+    INFO("input_is_activation " << input_is_activation);
+    CHECK(net.names(r.recomputed) == Names{"c1", "c2"});
+    CHECK(net.names(r.saved) == (input_is_activation ? Names{"x"} : Names{}));
+    CHECK(r.saved_bytes == (input_is_activation ? N : 0));
+    CHECK(r.policies[static_cast<std::size_t>(net.at("c1"))] == Policy::PreferRecompute);
+    CHECK(r.policies[static_cast<std::size_t>(net.at("c2"))] == Policy::PreferRecompute);
+    // c3 is a forward output: kept by the forward, never recomputed; its tag stays.
+    CHECK(r.policies[static_cast<std::size_t>(net.at("c3"))] == Policy::PreferRecompute);
+    CHECK(r.recompute_seconds == Approx(2 * 2.0 * N / 1e12));
+  }
+}
+
+TEST_CASE("a sum of four inputs followed by two cos saves the single sum", "[mincut]") {
+  const std::int64_t N = 1000000;
+  Net net;
+  for (const char* name : {"a", "b", "c", "d"}) net.input(name, N);
+  net.fw("s1", "aten::add.Tensor", {"a", "b"}, N);
+  net.fw("s2", "aten::add.Tensor", {"s1", "c"}, N);
+  net.fw("s3", "aten::add.Tensor", {"s2", "d"}, N);
+  net.fw("k1", "aten::cos.default", {"s3"}, N);
+  net.fw("k2", "aten::cos.default", {"k1"}, N);
+  net.tangent("t", N);
+  net.bw("g2", {"t", "k1"});
+  net.bw("g1", {"g2", "s3"});
+  net.output({"k2", "g1"});
+  Graph g = net.graph();
+  // An add moves 3N bytes (0.75 N at lambda 2.5e11), a cos 2N (0.5 N):
+  // recomputing the three adds (2.25 N) loses to saving s3 (N); recomputing
+  // the cos (0.5 N) beats saving k1 (N).
+  MinCutResult r = solve_min_cut(g, net.tags(Policy::PreferRecompute), gpu(2.5e11));
+  CHECK(net.names(r.saved) == Names{"s3"});
+  CHECK(net.names(r.recomputed) == Names{"k1"});
+  CHECK(r.saved_bytes == N);
+  CHECK(r.objective == Approx(N + 2.5e11 * 2.0 * N / 1e12));
+  CHECK(r.policies[static_cast<std::size_t>(net.at("s3"))] == Policy::PreferSave);
+}
+
+TEST_CASE("mm -> tanh -> tanh saves the mm output", "[mincut]") {
+  // Mixed precision: the mm writes bf16 (N bytes), the tanhs fp32 (2N): one
+  // saved mm output plus two cheap recomputes beats any saved tanh.
+  const std::int64_t N = 1000000;
+  Net net;
+  net.input("x", N);
+  net.input("w", N, Role::Parameter);
+  net.fw("mm", "aten::mm.default", {"x", "w"}, N, 1e11);  // 1 ms: 10 N at lambda 1e10
+  net.fw("t1", "aten::tanh.default", {"mm"}, 2 * N);
+  net.fw("t2", "aten::tanh.default", {"t1"}, 2 * N);
+  net.tangent("t", 2 * N);
+  net.bw("g2", {"t", "t2"});  // tanh' = 1 - tanh^2 reads the output
+  net.bw("g1", {"g2", "t1"});
+  net.bw("gw", {"g1", "x"});
+  net.output({"gw"});
+  Graph g = net.graph();
+  for (Policy mm_tag : {Policy::MustSave, Policy::PreferSave, Policy::PreferRecompute}) {
+    INFO("mm tag " << to_string(mm_tag));
+    MinCutResult r = solve_min_cut(g, net.tags(Policy::PreferRecompute, {{"mm", mm_tag}}), gpu(1e10));
+    CHECK(net.names(r.saved) == Names{"mm"});
+    CHECK(net.names(r.recomputed) == Names{"t1", "t2"});
+    CHECK(r.policies[static_cast<std::size_t>(net.at("mm"))] ==
+          (mm_tag == Policy::MustSave ? Policy::MustSave : Policy::PreferSave));
+  }
+}
+
+TEST_CASE("a reduction saves the size, not the tensor", "[mincut]") {
+  const std::int64_t N = 1000000;
+  for (Policy size_tag : {Policy::MustSave, Policy::PreferRecompute}) {
+    Net net;
+    net.input("x", N);
+    net.fw("c", "aten::cos.default", {"x"}, N);
+    net.fw("size", "aten::sym_size.int", {"c"}, 0);
+    net.node("size").symint = true;
+    net.node("size").outputs.clear();
+    net.fw("s", "aten::sum.default", {"c"}, 4);
+    net.tangent("t", 4);
+    net.bw("e", {"t", "size"});  // expand the gradient back to c's shape
+    net.bw("gx", {"e", "x"});
+    net.output({"s", "gx"});
+    Graph g = net.graph();
+    INFO("size tag " << to_string(size_tag));
+    MinCutResult r = solve_min_cut(g, net.tags(Policy::PreferRecompute, {{"size", size_tag}}), gpu(1e11));
+    CHECK(net.names(r.saved) == Names{"size"});
+    CHECK(r.recomputed.empty());
+    CHECK(r.saved_bytes == 0);
+    CHECK(r.objective == Approx(1.0));  // symint_bytes
+  }
+}
+
+namespace {
+
+// x → h1 = mm(x, w1) → a1 = relu → h2 = mm(a1, w2) → a2 = relu → loss; the
+// backward reads a1 and a2. Pointwise ops take 2 µs, mm1 10 µs, mm2 20 µs;
+// activations are N = 1e6 bytes. Cuts:
+//   keep {a1, a2}:               2N
+//   keep {a2}, recompute h1, a1: N + 12 µs · λ   (optimal for 4.55e10 < λ < 8.33e10)
+//   recompute everything:        34 µs · λ
+Net mlp_net() {
+  const std::int64_t N = 1000000;
+  Net net;
+  net.input("x", N);
+  net.input("w1", N, Role::Parameter);
+  net.input("w2", N, Role::Parameter);
+  net.fw("h1", "aten::mm.default", {"x", "w1"}, N, 1e9);
+  net.fw("a1", "aten::relu.default", {"h1"}, N);
+  net.fw("h2", "aten::mm.default", {"a1", "w2"}, N, 2e9);
+  net.fw("a2", "aten::relu.default", {"h2"}, N);
+  net.fw("loss", "aten::sum.default", {"a2"}, 4);
+  net.tangent("t", 4);
+  net.bw("g2", {"t", "a2"});
+  net.bw("gw2", {"g2", "a1"});
+  net.bw("g1", {"gw2", "a1", "w2"});
+  net.bw("gw1", {"g1", "x"});
+  net.output({"loss", "gw1", "gw2"});
+  return net;
+}
+
+}  // namespace
+
+TEST_CASE("an MLP's saved set follows lambda", "[mincut]") {
+  Net net = mlp_net();
+  Graph g = net.graph();
+  auto tags = net.tags(Policy::PreferRecompute);
+  struct Case {
+    double lambda;
+    Names saved;
+    Names recomputed;
+  };
+  for (const Case& c : {Case{1e9, {}, {"h1", "a1", "h2", "a2"}}, Case{4e10, {}, {"h1", "a1", "h2", "a2"}},
+                        Case{6e10, {"a2"}, {"h1", "a1"}}, Case{8e10, {"a2"}, {"h1", "a1"}},
+                        Case{9e10, {"a1", "a2"}, {}}, Case{1e13, {"a1", "a2"}, {}}}) {
+    INFO("lambda " << c.lambda);
+    for (auto algorithm : {MaxFlowAlgorithm::BoykovKolmogorov, MaxFlowAlgorithm::PushRelabel}) {
+      MinCutOptions options = gpu(c.lambda);
+      options.algorithm = algorithm;
+      MinCutResult r = solve_min_cut(g, tags, options);
+      CHECK(net.names(r.saved) == c.saved);
+      CHECK(net.names(r.recomputed) == c.recomputed);
+    }
+  }
+
+  SECTION("the Pareto frontier finds exactly the three cuts") {
+    ParetoOptions pareto;
+    pareto.lambda_min = 1e6;
+    pareto.lambda_max = 1e16;
+    ParetoResult frontier = pareto_frontier(g, tags, gpu(1e10), pareto);
+    CHECK(frontier.complete);
+    CHECK(frontier.solves <= 5);
+    const auto& points = frontier.points;
+    REQUIRE(points.size() == 3);
+    CHECK(net.names(points[0].saved) == Names{"a1", "a2"});
+    CHECK(net.names(points[1].saved) == Names{"a2"});
+    CHECK(net.names(points[2].saved).empty());
+    CHECK(points[0].recompute_seconds == 0.0);
+    CHECK(points[1].recompute_seconds == Approx(12e-6));
+    CHECK(points[2].recompute_seconds == Approx(34e-6));
+    CHECK(points[2].recompute_flops == Approx(3e9));
+    for (std::size_t i = 1; i < points.size(); ++i) {
+      CHECK(points[i].saved_bytes < points[i - 1].saved_bytes);
+      CHECK(points[i].recompute_seconds > points[i - 1].recompute_seconds);
+      CHECK(points[i].lambda < points[i - 1].lambda);
+    }
+    // Policies are ready for plan_remat.
+    CHECK(points[1].policies[static_cast<std::size_t>(net.at("a1"))] == Policy::PreferRecompute);
+    CHECK(points[1].policies[static_cast<std::size_t>(net.at("a2"))] == Policy::PreferSave);
+  }
+
+  SECTION("PREFER_SAVE makes recomputing an mm look twice as expensive") {
+    // With the bias, recomputing h1 (10 µs → 20 µs) moves the middle cut's
+    // upper breakpoint from 8.33e10 to N / 22 µs = 4.55e10: the middle cut vanishes.
+    MinCutOptions options = gpu(6e10);
+    options.prefer_save_factor = 2.0;
+    auto biased = net.tags(Policy::PreferRecompute, {{"h1", Policy::PreferSave}, {"h2", Policy::PreferSave}});
+    MinCutResult r = solve_min_cut(g, biased, options);
+    CHECK(net.names(r.saved) == Names{"a1", "a2"});
+  }
+}
+
+TEST_CASE("an RNG op is never recomputed, at any lambda", "[mincut]") {
+  const std::int64_t N = 1000;
+  Net net;
+  net.input("x", N);
+  net.fw("drop", "aten::native_dropout.default", {"x"}, N);
+  net.node("drop").rng = true;
+  net.fw("y", "aten::mul.Tensor", {"drop", "x"}, N);
+  net.fw("z", "aten::cos.default", {"y"}, N);
+  net.tangent("t", N);
+  net.bw("gz", {"t", "y"});
+  net.bw("gy", {"gz", "drop"});
+  net.output({"z", "gy"});
+  Graph g = net.graph();
+  for (Policy drop_tag : {Policy::MustSave, Policy::PreferRecompute}) {
+    auto tags = net.tags(Policy::PreferRecompute, {{"drop", drop_tag}});
+    for (double lambda : {0.0, 1.0, 1e3, 1e6, 1e9, 1e12, 1e15, 1e20}) {
+      INFO("tag " << to_string(drop_tag) << " lambda " << lambda);
+      MinCutResult r = solve_min_cut(g, tags, gpu(lambda));
+      auto recomputed = net.names(r.recomputed);
+      CHECK(std::find(recomputed.begin(), recomputed.end(), "drop") == recomputed.end());
+      CHECK(r.policies[static_cast<std::size_t>(net.at("drop"))] == Policy::MustSave);
+    }
+    for (const auto& point : pareto_frontier(g, tags, gpu(1.0)).points) {
+      auto recomputed = net.names(point.recomputed);
+      CHECK(std::find(recomputed.begin(), recomputed.end(), "drop") == recomputed.end());
+    }
+  }
+}
+
+TEST_CASE("views are never saved on their own; aliases of parameters are free", "[mincut]") {
+  const std::int64_t N = 1000000;
+  Net net;
+  net.input("x", N);
+  net.input("w", N, Role::Parameter);
+  net.view("wt", "w", N);                       // t(w): free, like w
+  net.fw("a", "aten::exp.default", {"x"}, N);
+  net.view("v1", "a", N);
+  net.view("v2", "v1", N);
+  net.fw("m", "aten::mm.default", {"v2", "wt"}, N, 1e9);
+  net.tangent("t", N);
+  net.bw("g", {"t", "v2", "wt"});
+  net.output({"m", "g"});
+  Graph g = net.graph();
+  auto tags = net.tags(Policy::PreferRecompute);
+  SECTION("expensive recompute: the base is saved, the views rebuilt") {
+    MinCutResult r = solve_min_cut(g, tags, gpu(1e13));
+    CHECK(net.names(r.saved) == Names{"a"});
+    CHECK(net.names(r.recomputed) == Names{"v1", "v2"});
+    CHECK(r.recompute_seconds == 0.0);
+    CHECK(r.stats.free_nodes >= 3);  // x, w, wt (and m, a forward output)
+  }
+  SECTION("cheap recompute: everything rebuilt from the input") {
+    MinCutResult r = solve_min_cut(g, tags, gpu(1e9));
+    CHECK(r.saved.empty());
+    CHECK(net.names(r.recomputed) == Names{"a", "v1", "v2"});
+  }
+  SECTION("a pinned view is saved with its own bytes") {
+    MinCutResult r = solve_min_cut(g, net.tags(Policy::PreferRecompute, {{"v2", Policy::MustSave}}), gpu(1e9));
+    CHECK(net.names(r.saved) == Names{"v2"});
+    CHECK(r.policies[static_cast<std::size_t>(net.at("v2"))] == Policy::MustSave);
+  }
+}
+
+TEST_CASE("infeasible tags name the chain and the rule pinning each node", "[mincut][errors]") {
+  Net net;
+  net.input("x", 64);
+  net.fw("noise", "aten::rand_like.default", {"x"}, 64);
+  net.node("noise").rng = true;
+  net.view("nv", "noise", 64);
+  net.fw("m", "aten::mul.Tensor", {"nv", "x"}, 64);
+  net.fw("out", "aten::sum.default", {"m"}, 4);
+  net.tangent("t", 4);
+  net.bw("gm", {"t", "m"});
+  net.output({"out", "gm"});
+  Graph g = net.graph();
+  auto tags = net.tags(Policy::PreferRecompute, {{"noise", Policy::MustRecompute}, {"m", Policy::MustRecompute}});
+  try {
+    solve_min_cut(g, tags, gpu(1e10));
+    FAIL("expected MinCutError");
+  } catch (const MinCutError& error) {
+    std::string message = error.what();
+    INFO(message);
+    for (const char* fragment : {"backward node 'gm' reads 'm'", "'m', which is never saved (tagged MUST_RECOMPUTE)",
+                                 "recomputed from 'nv'", "'nv', which is never saved (a view",
+                                 "recomputed from 'noise'", "'noise', which is never saved (tagged MUST_RECOMPUTE)",
+                                 "never recomputed (an RNG op)"})
+      CHECK(message.find(fragment) != std::string::npos);
+    CHECK(message.find("unbounded") == std::string::npos);
+  }
+  // Saving the RNG op resolves it.
+  tags[static_cast<std::size_t>(net.at("noise"))] = Policy::MustSave;
+  MinCutResult r = solve_min_cut(g, tags, gpu(1e10));
+  CHECK(net.names(r.saved) == Names{"noise"});
+  CHECK(net.names(r.recomputed) == Names{"nv", "m"});
+}
+
+TEST_CASE("min-cut rejects bad arguments", "[mincut][errors]") {
+  Net net = mlp_net();
+  Graph g = net.graph();
+  auto tags = net.tags(Policy::PreferRecompute);
+  CHECK_THROWS_AS(solve_min_cut(g, std::vector<Policy>(3), gpu(1)), std::invalid_argument);
+  CHECK_THROWS_AS(solve_min_cut(g, tags, gpu(-1)), std::invalid_argument);
+  CHECK_THROWS_AS(solve_min_cut(g, tags, gpu(NAN)), std::invalid_argument);
+  MinCutOptions zero = gpu(1);
+  zero.hardware.memory_bandwidth = 0;
+  CHECK_THROWS_AS(solve_min_cut(g, tags, zero), std::invalid_argument);
+  ParetoOptions backwards;
+  backwards.lambda_min = 10;
+  backwards.lambda_max = 1;
+  CHECK_THROWS_AS(pareto_frontier(g, tags, gpu(1), backwards), std::invalid_argument);
+}
+
+namespace {
+
+struct RandomCase {
+  Net net;
+  std::vector<Policy> tags;
+};
+
+// A random joint graph: inputs, parameters, forward ops with random tags,
+// views, RNG ops and SymInts, backward nodes reading random forward values.
+RandomCase random_case(std::mt19937& rng, int forward_ops, int backward_ops) {
+  RandomCase rc;
+  Net& net = rc.net;
+  std::uniform_int_distribution<int> percent(0, 99);
+  std::vector<std::string> values;
+  std::map<std::string, Policy> overrides;
+  for (int i = 0; i < 2; ++i) {
+    values.push_back("in" + std::to_string(i));
+    net.input(values.back(), 1000 * (1 + percent(rng) % 8));
+  }
+  values.push_back("p0");
+  net.input("p0", 4000, Role::Parameter);
+  const Policy policies[] = {Policy::None, Policy::MustSave, Policy::PreferSave, Policy::PreferRecompute,
+                             Policy::MustRecompute};
+  std::vector<std::string> forward;
+  for (int i = 0; i < forward_ops; ++i) {
+    std::string name = "f" + std::to_string(i);
+    std::uniform_int_distribution<std::size_t> pick(0, values.size() - 1);
+    std::vector<std::string> inputs{values[pick(rng)]};
+    int kind = percent(rng);
+    if (kind < 15) {
+      net.view(name, inputs[0], 1000 * (1 + percent(rng) % 8));
+    } else {
+      if (percent(rng) < 60) {
+        auto second = values[pick(rng)];
+        if (second != inputs[0]) inputs.push_back(second);
+      }
+      net.fw(name, "aten::op.default", inputs, 1000 * (1 + percent(rng) % 8), 1e6 * (percent(rng) % 50));
+      if (kind < 20) net.node(name).rng = true;
+      if (kind >= 95) {
+        net.node(name).symint = true;
+        net.node(name).outputs.clear();
+      }
+    }
+    int t = percent(rng);
+    // Mostly PREFER_*; a few of each pin (and some contradictions).
+    Policy tag = t < 8 ? policies[0] : t < 18 ? policies[1] : t < 45 ? policies[2] : t < 90 ? policies[3] : policies[4];
+    overrides[name] = tag;
+    values.push_back(name);
+    forward.push_back(name);
+  }
+  net.tangent("t", 1000);
+  std::string last = "t";
+  std::uniform_int_distribution<std::size_t> pick(0, values.size() - 1);
+  for (int i = 0; i < backward_ops; ++i) {
+    std::string name = "b" + std::to_string(i);
+    net.bw(name, {last, values[pick(rng)]});
+    last = name;
+  }
+  net.output({forward.back(), last});
+  rc.tags = net.tags(Policy::PreferRecompute, overrides);
+  return rc;
+}
+
+// Independent model of the objective, for brute force. Returns -1 when the
+// recompute set violates a rule (needs saving what can't be saved, or
+// recomputes what can't be recomputed).
+struct Model {
+  const Graph& g;
+  const std::vector<Policy>& tags;
+  const MinCutOptions& options;
+  std::vector<char> free, no_recompute, no_save;
+  std::vector<double> bytes, seconds;
+
+  Model(const Graph& graph, const std::vector<Policy>& t, const MinCutOptions& o) : g(graph), tags(t), options(o) {
+    const std::size_t n = g.nodes.size();
+    free.assign(n, 0);
+    no_recompute.assign(n, 0);
+    no_save.assign(n, 0);
+    bytes.assign(n, 0);
+    seconds.assign(n, 0);
+    std::vector<char> output_read(n, 0);
+    for (const auto& node : g.nodes)
+      if (node.kind == NodeKind::Output)
+        for (auto x : node.inputs) output_read[static_cast<std::size_t>(x)] = 1;
+    for (std::size_t i = 0; i < n; ++i) {
+      const Node& node = g.nodes[i];
+      if (!node.is_forward()) continue;
+      free[i] = node.kind != NodeKind::CallFunction || output_read[i] ||
+                (node.view && free[static_cast<std::size_t>(node.inputs[0])]);
+      no_recompute[i] = tags[i] == Policy::None || tags[i] == Policy::MustSave || node.rng;
+      no_save[i] = tags[i] == Policy::MustRecompute || (!no_recompute[i] && node.view);
+      bytes[i] = node.symint ? 1.0 : static_cast<double>(node.output_bytes());
+      if (tags[i] == Policy::PreferRecompute) bytes[i] *= options.prefer_recompute_factor;
+      seconds[i] = recompute_seconds(g, static_cast<std::int32_t>(i), options.hardware);
+      if (tags[i] == Policy::PreferSave) seconds[i] *= options.prefer_save_factor;
+    }
+  }
+  bool network(std::int32_t i) const {
+    return g.nodes[static_cast<std::size_t>(i)].is_forward() && !free[static_cast<std::size_t>(i)];
+  }
+  double cost(const std::vector<char>& recompute) const {
+    const std::size_t n = g.nodes.size();
+    std::vector<char> needed(n, 0);
+    for (const auto& node : g.nodes)
+      if (node.is_backward() && node.kind != NodeKind::Output)
+        for (auto x : node.inputs)
+          if (network(x)) needed[static_cast<std::size_t>(x)] = 1;
+    double total = 0;
+    for (std::size_t k = n; k-- > 0;) {
+      if (!needed[k]) continue;
+      if (recompute[k]) {
+        if (no_recompute[k]) return -1;
+        total += options.lambda * seconds[k];
+        for (auto x : g.nodes[k].inputs)
+          if (network(x)) needed[static_cast<std::size_t>(x)] = 1;
+      } else {
+        if (no_save[k]) return -1;
+        total += bytes[k];
+      }
+    }
+    return total;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("random DAGs: the cut obeys every rule and matches brute force", "[mincut]") {
+  std::mt19937 rng(20240531);
+  int feasible = 0, infeasible = 0, nontrivial = 0;
+  for (int round = 0; round < 300; ++round) {
+    RandomCase rc = random_case(rng, 6 + round % 9, 5);
+    Graph g = rc.net.graph();
+    const double lambdas[] = {1e8, 1e10, 3e11, 1e13};
+    MinCutOptions options = gpu(lambdas[round % 4]);
+    options.prefer_save_factor = 1.5;
+    options.prefer_recompute_factor = 1.25;
+    Model model(g, rc.tags, options);
+
+    // Brute force over the nodes that may be recomputed.
+    std::vector<std::size_t> choosable;
+    for (std::size_t i = 0; i < g.nodes.size(); ++i)
+      if (model.network(static_cast<std::int32_t>(i)) && !model.no_recompute[i]) choosable.push_back(i);
+    REQUIRE(choosable.size() <= 16);
+    double best = -1;
+    std::vector<char> recompute(g.nodes.size(), 0);
+    for (std::uint32_t mask = 0; mask < (1u << choosable.size()); ++mask) {
+      for (std::size_t k = 0; k < choosable.size(); ++k) recompute[choosable[k]] = (mask >> k) & 1u;
+      double c = model.cost(recompute);
+      if (c >= 0 && (best < 0 || c < best)) best = c;
+    }
+
+    INFO("round " << round);
+    MinCutResult r;
+    try {
+      r = solve_min_cut(g, rc.tags, options);
+    } catch (const MinCutError& error) {
+      INFO(error.what());
+      CHECK(best < 0);  // brute force agrees: nothing is feasible
+      ++infeasible;
+      continue;
+    }
+    ++feasible;
+    REQUIRE(best >= 0);
+    std::fill(recompute.begin(), recompute.end(), 0);
+    for (auto i : r.recomputed) recompute[static_cast<std::size_t>(i)] = 1;
+    double mine = model.cost(recompute);
+    REQUIRE(mine >= 0);  // the cut obeys every rule
+    CHECK(mine == Approx(best).epsilon(1e-9).margin(4.0));
+    CHECK(r.objective == Approx(mine).epsilon(1e-9).margin(1e-6));
+    if (!r.recomputed.empty() && !r.saved.empty()) ++nontrivial;
+
+    // Every value the backward reads is saved, free or recomputed, and every
+    // recomputed node's inputs are too.
+    std::vector<char> available(g.nodes.size(), 0);
+    for (auto i : r.saved) available[static_cast<std::size_t>(i)] = 1;
+    for (std::size_t i = 0; i < g.nodes.size(); ++i)
+      if (!model.network(static_cast<std::int32_t>(i))) available[i] = 1;
+    for (auto i : r.recomputed) {
+      for (auto x : g.nodes[static_cast<std::size_t>(i)].inputs) CHECK(available[static_cast<std::size_t>(x)]);
+      available[static_cast<std::size_t>(i)] = 1;
+      CHECK(rc.tags[static_cast<std::size_t>(i)] != Policy::MustSave);
+      CHECK_FALSE(g.nodes[static_cast<std::size_t>(i)].rng);
+      CHECK(is_recompute(r.policies[static_cast<std::size_t>(i)]));
+    }
+    for (const auto& node : g.nodes)
+      if (node.is_backward() && node.kind != NodeKind::Output)
+        for (auto x : node.inputs) CHECK(available[static_cast<std::size_t>(x)]);
+    for (auto i : r.saved) {
+      CHECK(rc.tags[static_cast<std::size_t>(i)] != Policy::MustRecompute);
+      CHECK_FALSE(is_recompute(r.policies[static_cast<std::size_t>(i)]));
+    }
+
+    // The frontier holds the optimum for every lambda in its range.
+    if (round % 5 == 0) {
+      MinCutOptions neutral = gpu(1.0);
+      ParetoOptions pareto;
+      pareto.lambda_min = 1e6;
+      pareto.lambda_max = 1e14;
+      ParetoResult frontier = pareto_frontier(g, rc.tags, neutral, pareto);
+      CHECK(frontier.complete);
+      for (double lambda : {1e6, 3e7, 1e9, 2e10, 7e10, 4e11, 1e13, 1e14}) {
+        neutral.lambda = lambda;
+        MinCutResult direct = solve_min_cut(g, rc.tags, neutral);
+        double best_point = -1;
+        for (const auto& p : frontier.points) {
+          double value = static_cast<double>(p.saved_bytes) + lambda * p.recompute_seconds;
+          if (best_point < 0 || value < best_point) best_point = value;
+        }
+        double direct_value = static_cast<double>(direct.saved_bytes) + lambda * direct.recompute_seconds;
+        CHECK(best_point == Approx(direct_value).epsilon(1e-9).margin(32.0));
+      }
+    }
+
+    // Deterministic, and both solvers find the same (minimal) cut.
+    MinCutOptions other = options;
+    other.algorithm = MaxFlowAlgorithm::PushRelabel;
+    MinCutResult again = solve_min_cut(g, rc.tags, options);
+    MinCutResult pr = solve_min_cut(g, rc.tags, other);
+    CHECK(again.policies == r.policies);
+    CHECK(again.saved == r.saved);
+    CHECK(again.stats.max_flow == r.stats.max_flow);
+    CHECK(again.diagnostics == r.diagnostics);
+    CHECK(pr.policies == r.policies);
+    CHECK(pr.recomputed == r.recomputed);
+    CHECK(pr.stats.max_flow == r.stats.max_flow);
+  }
+  CHECK(feasible > 150);
+  CHECK(infeasible > 0);
+  CHECK(nontrivial > 20);
+}
+
+namespace {
+
+// Layered random graph: `layers` x `width` forward ops each reading one or two
+// values of the previous layer; a backward node for every 4th forward op.
+Graph layered_graph(std::size_t layers, std::size_t width, std::vector<Policy>& tags, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<std::size_t> column(0, width - 1);
+  std::uniform_int_distribution<int> percent(0, 99);
+  Graph g;
+  auto add = [&](NodeKind kind, Phase phase, std::vector<std::int32_t> inputs, std::int64_t bytes, double flops) {
+    Node node;
+    node.id = static_cast<std::int64_t>(g.nodes.size());
+    node.name = "n" + std::to_string(g.nodes.size());
+    node.kind = kind;
+    node.target = kind == NodeKind::Placeholder ? node.name : "aten::op.default";
+    node.phase = phase;
+    node.inputs = std::move(inputs);
+    node.outputs = {{bytes, "float32", {bytes / 4}}};
+    node.flops = flops;
+    g.nodes.push_back(std::move(node));
+    return static_cast<std::int32_t>(g.nodes.size() - 1);
+  };
+  std::vector<std::int32_t> previous;
+  for (std::size_t c = 0; c < width; ++c) previous.push_back(add(NodeKind::Placeholder, Phase::Forward, {}, 1 << 20, 0));
+  std::vector<std::int32_t> forward;
+  for (std::size_t l = 0; l < layers; ++l) {
+    std::vector<std::int32_t> current;
+    for (std::size_t c = 0; c < width; ++c) {
+      std::vector<std::int32_t> inputs{previous[c]};
+      auto other = previous[column(rng)];
+      if (other != inputs[0] && percent(rng) < 50) inputs.push_back(other);
+      std::int64_t bytes = (1 + percent(rng) % 16) << 18;
+      double flops = percent(rng) < 20 ? 1e10 : 1e6;
+      auto i = add(NodeKind::CallFunction, Phase::Forward, inputs, bytes, flops);
+      current.push_back(i);
+      forward.push_back(i);
+    }
+    previous = std::move(current);
+  }
+  for (std::size_t k = 0; k < forward.size(); k += 4) add(NodeKind::CallFunction, Phase::Backward, {forward[k]}, 64, 0);
+  tags.assign(g.nodes.size(), Policy::None);
+  for (auto i : forward) {
+    int p = percent(rng);
+    tags[static_cast<std::size_t>(i)] = p < 5 ? Policy::MustSave : p < 25 ? Policy::PreferSave : Policy::PreferRecompute;
+  }
+  g.finalize();
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("a mid-size layered graph solves identically with both algorithms", "[mincut]") {
+  std::vector<Policy> tags;
+  Graph g = layered_graph(200, 50, tags, 7);
+  MinCutOptions bk = gpu(1e10), pr = gpu(1e10);
+  pr.algorithm = MaxFlowAlgorithm::PushRelabel;
+  MinCutResult a = solve_min_cut(g, tags, bk);
+  MinCutResult b = solve_min_cut(g, tags, pr);
+  CHECK(a.policies == b.policies);
+  CHECK(a.stats.max_flow == b.stats.max_flow);
+  CHECK(a.saved_bytes == b.saved_bytes);
+  CHECK_FALSE(a.recomputed.empty());
+  CHECK_FALSE(a.saved.empty());
+}
+
+TEST_CASE("1M-node layered graph timing", "[.bench]") {
+  std::vector<Policy> tags;
+  auto t0 = std::chrono::steady_clock::now();
+  Graph g = layered_graph(4000, 200, tags, 11);  // 800k forward + 200k backward
+  double build = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::cout << "graph: " << g.nodes.size() << " nodes, built in " << build << " s\n";
+  for (double lambda : {1e9, 1e10, 1e11}) {
+    for (auto algorithm : {MaxFlowAlgorithm::BoykovKolmogorov, MaxFlowAlgorithm::PushRelabel}) {
+      MinCutOptions options = gpu(lambda);
+      options.algorithm = algorithm;
+      MinCutResult r = solve_min_cut(g, tags, options);
+      std::cout << to_string(algorithm) << " lambda " << lambda << ": " << r.solve_seconds << " s, network "
+                << r.stats.network_vertices << " vertices / " << r.stats.network_edges << " edges, saved "
+                << r.saved.size() << " (" << format_bytes(r.saved_bytes) << "), recomputed " << r.recomputed.size()
+                << ", max flow " << r.stats.max_flow << "\n";
+    }
+  }
+  ParetoOptions pareto;
+  pareto.max_solves = 16;
+  ParetoResult frontier = pareto_frontier(g, tags, gpu(1e10), pareto);
+  std::cout << "pareto: " << frontier.points.size() << " points from " << frontier.solves << " solves in "
+            << frontier.solve_seconds << " s (complete: " << frontier.complete << ")\n";
+  SUCCEED();
+}
