@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import operator
 import re
 import time
 import warnings
@@ -387,7 +388,8 @@ def annotate_joint(
       ``is_forward``. That is torch's ``default_partition`` placement
       ("non-tangent nodes up to the last forward node") intersected with the
       complement of ``classify_nodes``' tangent closure; the ``output`` node is
-      backward.
+      backward, and an ``operator.getitem`` has its producer's phase (a
+      tuple element is produced with the tuple).
     * ``meta["ac_module_stack"]``: ``[(fqn, type_name), ...]`` innermost first,
       FQNs plain dotted paths matching ``dict(model.named_modules())`` keys,
       the root module left out. Forward nodes: from ``nn_module_stack``;
@@ -442,6 +444,12 @@ def annotate_joint(
             continue
         if n.op == "placeholder":
             if _is_backward_placeholder(n):
+                backward.add(n)
+            continue
+        if n.target is operator.getitem and n.args and isinstance(n.args[0], fx.Node):
+            # a tuple element is produced with its tuple (native_layer_norm's
+            # mean/rstd, nll_loss_forward's total_weight): same phase
+            if n.args[0] in backward:
                 backward.add(n)
             continue
         if (
@@ -713,8 +721,8 @@ class _ModulePathResolver:
             cand = ".".join(toks)
             if self.model is None or cand in self.fqns:
                 fqn = cand
-            elif len(toks) == 1 and toks[0] in self.by_mangled:
-                fqn = self.by_mangled[toks[0]]
+            elif len(toks) == 1 and self._demangle(toks[0]) is not None:
+                fqn = self._demangle(toks[0])
             elif self.model is not None:
                 # tolerate an unknown wrapper prefix: the longest suffix naming a module
                 for cut in range(1, len(toks)):
@@ -725,6 +733,16 @@ class _ModulePathResolver:
                     fqn = cand
         self.cache[ck] = fqn
         return fqn
+
+    def _demangle(self, token: str) -> str | None:
+        # `L__self___layers_0_mlp`: the longest `_`-delimited suffix that is a
+        # mangled FQN of the live model.
+        for i in range(len(token)):
+            if i == 0 or token[i - 1] == "_":
+                hit = self.by_mangled.get(token[i:])
+                if hit:
+                    return hit
+        return None
 
     def stack(self, raw: dict[str, tuple[str, Any]]) -> list[tuple[str, str]]:
         out: list[tuple[str, str]] = []

@@ -1,0 +1,97 @@
+"""Shared fixtures: each model is built and captured at most once per session."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+
+
+def pytest_configure(config):
+    # Noise from transformers' output capturing (dynamo export) and torch's own deepcopy of pytree specs.
+    config.addinivalue_line("filterwarnings", "ignore:While compiling, we found certain side effects:UserWarning")
+    config.addinivalue_line("filterwarnings", "ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated:FutureWarning")
+
+
+class Captured:
+    """A built model, its example batch, its captured joint graph and its JSON document."""
+
+    def __init__(self, name: str, route: str = "compile"):
+        from hyper_ac import capture, models, serialize
+
+        self.name = name
+        self.route = route
+        self.model = models.build(name)
+        self.batch = models.example_batch(name)
+        t0 = time.perf_counter()
+        self.captured = capture.capture_joint(self.model, route=route, **self.batch)
+        t1 = time.perf_counter()
+        self.doc = serialize.serialize_graph(self.captured.graph_module, self.model)
+        t2 = time.perf_counter()
+        self.capture_seconds = t1 - t0
+        self.serialize_seconds = t2 - t1
+
+    @property
+    def gm(self):
+        return self.captured.graph_module
+
+    def json(self) -> str:
+        import json
+
+        return json.dumps(self.doc, separators=(",", ":"))
+
+
+_CACHE: dict[tuple[str, str], Captured] = {}
+
+
+def get_captured(name: str, route: str = "compile") -> Captured:
+    key = (name, route)
+    if key not in _CACHE:
+        _CACHE[key] = Captured(name, route)
+    return _CACHE[key]
+
+
+@pytest.fixture(scope="session")
+def captured():
+    """``captured(name, route="compile")`` → :class:`Captured` (cached for the session)."""
+    return get_captured
+
+
+ALL_MODELS = ("mlp", "transformer", "gpt2", "llama", "mixtral", "bert")
+HF_MODELS = ("gpt2", "llama", "mixtral")
+
+
+@pytest.fixture(scope="session", params=ALL_MODELS)
+def any_model(request) -> Captured:
+    return get_captured(request.param)
+
+
+@pytest.fixture(scope="session", params=HF_MODELS)
+def hf_captured(request) -> Captured:
+    return get_captured(request.param)
+
+
+def core_module():
+    """``hyper_ac._core`` or skip (it exists once ``make build`` has run)."""
+    try:
+        import hyper_ac._core as core  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - depends on the build
+        pytest.skip(f"hyper_ac._core not built: {exc}")
+    return core
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _CACHE:
+        return
+    terminalreporter.write_line("captured graphs (nodes, capture s, serialize s):")
+    for (name, route), c in sorted(_CACHE.items()):
+        terminalreporter.write_line(
+            f"  {name:12s} {route:8s} {len(c.doc['nodes']):6d} {c.capture_seconds:7.2f} {c.serialize_seconds:7.3f}"
+        )
