@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "hyper_ac/mincut.h"
+#include "hyper_ac/remat.h"
 
 using namespace hyper_ac;
 
@@ -516,8 +517,9 @@ struct Model {
     for (std::size_t i = 0; i < n; ++i) {
       const Node& node = g.nodes[i];
       if (!node.is_forward()) continue;
-      free[i] = node.kind != NodeKind::CallFunction || output_read[i] ||
-                (node.view && free[static_cast<std::size_t>(node.inputs[0])]);
+      free[i] = node.kind != NodeKind::CallFunction ||
+                (tags[i] != Policy::MustRecompute &&
+                 (output_read[i] || (node.view && free[static_cast<std::size_t>(node.inputs[0])])));
       no_recompute[i] = tags[i] == Policy::None || tags[i] == Policy::MustSave || node.rng;
       no_save[i] = tags[i] == Policy::MustRecompute || (!no_recompute[i] && node.view);
       bytes[i] = node.symint ? 1.0 : static_cast<double>(node.output_bytes());
@@ -620,6 +622,20 @@ TEST_CASE("random DAGs: the cut obeys every rule and matches brute force", "[min
       CHECK(rc.tags[static_cast<std::size_t>(i)] != Policy::MustRecompute);
       CHECK_FALSE(is_recompute(r.policies[static_cast<std::size_t>(i)]));
     }
+
+    // plan_remat turns the policies into exactly the cut's duplicates; it
+    // also counts the free call_function values (aliases of parameters,
+    // forward outputs) the backward reads as saved.
+    RematPlan plan = plan_remat(g, r.policies);
+    std::vector<std::int32_t> duplicated;
+    for (const auto& dup : plan.duplicates) duplicated.push_back(dup.of);
+    CHECK(duplicated == r.recomputed);
+    std::int64_t free_read = 0;
+    for (auto i : plan.saved) {
+      const Node& node = g.nodes[static_cast<std::size_t>(i)];
+      if (node.kind == NodeKind::CallFunction && model.free[static_cast<std::size_t>(i)]) free_read += node.output_bytes();
+    }
+    CHECK(plan.stats.saved_bytes_after == r.saved_bytes + free_read);
 
     // The frontier holds the optimum for every lambda in its range.
     if (round % 5 == 0) {

@@ -110,14 +110,23 @@ struct ParetoPoint {
   std::vector<std::int32_t> recomputed;
 };
 
+struct ParetoResult {
+  // Distinct optimal cuts, sorted by lambda descending: recompute seconds
+  // ascending, saved bytes descending (the first point recomputes least).
+  std::vector<ParetoPoint> points;
+  std::size_t solves = 0;      // max-flow solves made
+  bool complete = true;        // false when max_solves stopped the search early
+  double solve_seconds = 0.0;  // wall time (not deterministic)
+};
+
 // Every distinct optimal cut for lambda in [lambda_min, lambda_max] (Eisner-
 // Severance breakpoint search: solve at both ends, then at the lambda where the
-// two cuts' objectives cross, recursively). Sorted by recompute seconds
-// ascending, i.e. saved bytes descending: for a memory budget, take the first
-// point whose simulated peak fits (plan_remat + simulate_memory). Throws as
-// solve_min_cut.
-std::vector<ParetoPoint> pareto_frontier(const Graph& graph, const std::vector<Policy>& tags,
-                                         const MinCutOptions& options = {}, const ParetoOptions& pareto = {});
+// two cuts' objectives cross, breadth first). For a memory budget, walk the
+// points in order and take the first whose simulated peak fits (plan_remat +
+// simulate_memory): the least recompute that meets the budget. Throws as
+// solve_min_cut, and std::invalid_argument on a bad range.
+ParetoResult pareto_frontier(const Graph& graph, const std::vector<Policy>& tags, const MinCutOptions& options = {},
+                             const ParetoOptions& pareto = {});
 
 // Roofline recompute time of one execution of `node` (0 for views, getitem,
 // SymInts and non-call nodes).

@@ -1,0 +1,616 @@
+#include "hyper_ac/mincut.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <deque>
+#include <limits>
+#include <utility>
+
+#include <boost/graph/boykov_kolmogorov_max_flow.hpp>
+#include <boost/graph/compressed_sparse_row_graph.hpp>
+#include <boost/graph/push_relabel_max_flow.hpp>
+#include <boost/property_map/property_map.hpp>
+
+namespace hyper_ac {
+
+const char* to_string(MaxFlowAlgorithm algorithm) {
+  switch (algorithm) {
+    case MaxFlowAlgorithm::BoykovKolmogorov: return "boykov_kolmogorov";
+    case MaxFlowAlgorithm::PushRelabel: return "push_relabel";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr std::int32_t kSource = 0;
+constexpr std::int32_t kSink = 1;
+constexpr std::int32_t kNone = -1;
+// Finite capacities are scaled so that their sum stays below this many units:
+// INF = sum + 1 then fits an int64 with room for the solvers' arithmetic.
+constexpr double kMaxTotalUnits = 1125899906842624.0;  // 2^50
+
+bool is_getitem(const Node& node) { return node.target == "operator.getitem"; }
+
+// A view in the saving sense: free to recompute from its base and never worth
+// saving on its own (getitem picks a tuple element and is saved by itself).
+bool is_view_like(const Node& node) { return node.view && !is_getitem(node); }
+
+bool is_aliasing(const Node& node) { return node.view || !node.aliased_inputs.empty(); }
+
+std::string quoted(const Graph& graph, std::int32_t index) {
+  return "'" + graph.nodes[static_cast<std::size_t>(index)].name + "'";
+}
+
+std::string format_double(double value) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%.6g", value);
+  return buffer;
+}
+
+// Per-lambda outcome of one cut, before it becomes a public result.
+struct Cut {
+  double lambda = 0.0;
+  std::vector<std::int32_t> saved;
+  std::vector<std::int32_t> recomputed;
+  std::vector<Policy> policies;
+  std::int64_t saved_bytes = 0;
+  double recompute_seconds = 0.0;
+  double recompute_flops = 0.0;
+  double biased_bytes = 0.0;    // objective = biased_bytes + lambda * biased_seconds
+  double biased_seconds = 0.0;
+  MinCutStats stats;
+  std::vector<std::string> diagnostics;
+
+  double objective_at(double l) const { return biased_bytes + l * biased_seconds; }
+};
+
+// Everything about the graph that does not depend on lambda: classification,
+// the candidate set, feasibility. Built once, solved for many lambdas.
+class Solver {
+ public:
+  Solver(const Graph& graph, const std::vector<Policy>& tags, const MinCutOptions& options)
+      : graph_(graph), tags_(tags), options_(options) {
+    check_options();
+    classify();
+    collect_candidates();
+    check_feasible();
+  }
+
+  Cut solve(double lambda) const;
+
+ private:
+  using CsrGraph = boost::compressed_sparse_row_graph<boost::directedS, boost::no_property, boost::no_property,
+                                                      boost::no_property, std::uint32_t, std::uint32_t>;
+  using EdgeDescriptor = boost::graph_traits<CsrGraph>::edge_descriptor;
+  using VertexDescriptor = boost::graph_traits<CsrGraph>::vertex_descriptor;
+
+  struct Arc {
+    std::int32_t tail;
+    std::int32_t head;
+    double capacity;  // bytes; ignored when infinite
+    bool infinite;
+  };
+
+  void check_options() const;
+  void classify();
+  void collect_candidates();
+  void check_feasible() const;
+  std::vector<char> run_max_flow(std::int32_t vertices, const std::vector<Arc>& arcs, Cut& cut) const;
+
+  bool forward_value(std::int32_t i) const {
+    const Node& node = graph_.nodes[static_cast<std::size_t>(i)];
+    return node.is_forward() && node.kind != NodeKind::Output;
+  }
+  // Inputs of node i that are in the network (non-free forward values).
+  template <typename F>
+  void for_network_inputs(std::size_t i, F&& f) const {
+    for (auto input : graph_.nodes[i].inputs)
+      if (forward_value(input) && !free_[static_cast<std::size_t>(input)]) f(input);
+  }
+
+  const Graph& graph_;
+  const std::vector<Policy>& tags_;
+  const MinCutOptions& options_;
+
+  std::vector<char> free_;                        // saved at no cost, never recomputed
+  std::vector<const char*> never_recompute_;      // reason or nullptr
+  std::vector<const char*> never_save_;           // reason or nullptr
+  std::vector<double> save_bytes_;                // bytes a save keeps alive (bias applied)
+  std::vector<double> seconds_;                   // roofline recompute time (bias applied)
+  std::vector<char> read_by_backward_;            // network values some backward node reads
+  std::vector<char> candidate_;                   // may end on the sink side of the cut
+  std::vector<std::int32_t> candidates_;          // ascending
+  std::size_t forward_nodes_ = 0;
+  std::size_t free_nodes_ = 0;
+};
+
+void Solver::check_options() const {
+  const std::size_t n = graph_.nodes.size();
+  if (tags_.size() != n)
+    throw std::invalid_argument("solve_min_cut: " + std::to_string(tags_.size()) + " tags for " + std::to_string(n) +
+                                " nodes");
+  if (graph_.users.size() != n)
+    throw std::invalid_argument("solve_min_cut: graph.users is not built; call Graph::finalize()");
+  auto positive = [](double value) { return std::isfinite(value) && value > 0.0; };
+  if (!std::isfinite(options_.lambda) || options_.lambda < 0.0)
+    throw std::invalid_argument("solve_min_cut: lambda must be finite and >= 0, got " + format_double(options_.lambda));
+  if (!positive(options_.hardware.peak_flops) || !positive(options_.hardware.memory_bandwidth))
+    throw std::invalid_argument("solve_min_cut: hardware profile '" + options_.hardware.name +
+                                "' needs peak_flops and memory_bandwidth > 0");
+  if (!positive(options_.prefer_save_factor) || !positive(options_.prefer_recompute_factor))
+    throw std::invalid_argument("solve_min_cut: prefer_save_factor and prefer_recompute_factor must be > 0");
+  if (options_.symint_bytes < 0) throw std::invalid_argument("solve_min_cut: symint_bytes must be >= 0");
+}
+
+void Solver::classify() {
+  const std::size_t n = graph_.nodes.size();
+  free_.assign(n, 0);
+  never_recompute_.assign(n, nullptr);
+  never_save_.assign(n, nullptr);
+  save_bytes_.assign(n, 0.0);
+  seconds_.assign(n, 0.0);
+
+  std::vector<char> output_read(n, 0);
+  for (std::size_t i = 0; i < n; ++i)
+    if (graph_.nodes[i].kind == NodeKind::Output)
+      for (auto input : graph_.nodes[i].inputs) output_read[static_cast<std::size_t>(input)] = 1;
+
+  for (std::size_t i = 0; i < n; ++i) {
+    const Node& node = graph_.nodes[i];
+    const auto index = static_cast<std::int32_t>(i);
+    if (!forward_value(index)) continue;
+    ++forward_nodes_;
+    // Free: resident anyway (placeholders, constants), kept as a graph output,
+    // or an alias of such storage; a MUST_RECOMPUTE tag is honoured even so.
+    const bool must_recompute = tags_[i] == Policy::MustRecompute && node.kind == NodeKind::CallFunction;
+    bool is_free = node.kind != NodeKind::CallFunction || (output_read[i] && !must_recompute);
+    if (!is_free && is_aliasing(node) && !node.inputs.empty()) {
+      bool all_free = true;
+      auto check = [&](std::int32_t position) {
+        if (position < 0 || static_cast<std::size_t>(position) >= node.inputs.size()) return;
+        auto base = node.inputs[static_cast<std::size_t>(position)];
+        if (forward_value(base) && !free_[static_cast<std::size_t>(base)]) all_free = false;
+      };
+      if (node.aliased_inputs.empty()) check(0);
+      for (auto position : node.aliased_inputs) check(position);
+      is_free = all_free && !must_recompute;
+    }
+    if (is_free) {
+      free_[i] = 1;
+      ++free_nodes_;
+      continue;
+    }
+
+    const Policy tag = tags_[i];
+    if (!node.recomputed_from.empty())
+      never_recompute_[i] = "a duplicate made by an earlier pass";
+    else if (tag == Policy::MustSave)
+      never_recompute_[i] = "tagged MUST_SAVE";
+    else if (tag == Policy::None)
+      never_recompute_[i] = "untagged (outside every recompute region)";
+    else if (node.rng && options_.never_recompute_rng)
+      never_recompute_[i] = "an RNG op";
+
+    if (tag == Policy::MustRecompute)
+      never_save_[i] = "tagged MUST_RECOMPUTE";
+    else if (!never_recompute_[i] && is_view_like(node))
+      never_save_[i] = "a view (recomputed from its base, never saved on its own)";
+    else if (!never_recompute_[i] && node.outputs.empty() && !node.symint)
+      never_save_[i] = "not a tensor";
+
+    double bytes = node.symint ? static_cast<double>(options_.symint_bytes) : static_cast<double>(node.output_bytes());
+    if (tag == Policy::PreferRecompute) bytes *= options_.prefer_recompute_factor;
+    save_bytes_[i] = bytes;
+    double seconds = recompute_seconds(graph_, index, options_.hardware);
+    if (tag == Policy::PreferSave) seconds *= options_.prefer_save_factor;
+    seconds_[i] = seconds;
+  }
+}
+
+void Solver::collect_candidates() {
+  // Only ancestors of what the backward reads can matter, and only through
+  // nodes that may be recomputed: everything else stays on the source side at
+  // no cost and is left out of the network.
+  const std::size_t n = graph_.nodes.size();
+  read_by_backward_.assign(n, 0);
+  candidate_.assign(n, 0);
+  std::vector<std::int32_t> stack;
+  for (std::size_t b = 0; b < n; ++b) {
+    const Node& node = graph_.nodes[b];
+    if (!node.is_backward() || node.kind == NodeKind::Output) continue;
+    for_network_inputs(b, [&](std::int32_t input) {
+      auto x = static_cast<std::size_t>(input);
+      read_by_backward_[x] = 1;
+      if (!candidate_[x]) {
+        candidate_[x] = 1;
+        stack.push_back(input);
+      }
+    });
+  }
+  while (!stack.empty()) {
+    auto v = static_cast<std::size_t>(stack.back());
+    stack.pop_back();
+    if (never_recompute_[v]) continue;
+    for_network_inputs(v, [&](std::int32_t input) {
+      auto x = static_cast<std::size_t>(input);
+      if (!candidate_[x]) {
+        candidate_[x] = 1;
+        stack.push_back(input);
+      }
+    });
+  }
+  for (std::size_t i = 0; i < n; ++i)
+    if (candidate_[i]) candidates_.push_back(static_cast<std::int32_t>(i));
+}
+
+void Solver::check_feasible() const {
+  // The cut is infinite exactly when infinite arcs lead from the source to the
+  // sink: a value that can be neither recomputed nor saved (its output is tied
+  // to the source) feeds, through nodes that cannot be saved, a backward read.
+  const std::size_t n = graph_.nodes.size();
+  std::vector<std::int32_t> forced_by(n, kNone);  // for forced outputs: the input that forced it, or itself
+  std::vector<char> forced(n, 0);
+  for (auto v : candidates_) {
+    auto i = static_cast<std::size_t>(v);
+    std::int32_t cause = kNone;
+    if (never_recompute_[i]) {
+      cause = v;
+    } else {
+      for (auto input : graph_.nodes[i].inputs)
+        if (forced[static_cast<std::size_t>(input)]) {
+          cause = input;
+          break;
+        }
+    }
+    if (cause == kNone || !never_save_[i]) continue;
+    forced[i] = 1;
+    forced_by[i] = cause;
+  }
+  for (std::size_t b = 0; b < n; ++b) {
+    const Node& node = graph_.nodes[b];
+    if (!node.is_backward() || node.kind == NodeKind::Output) continue;
+    for (auto input : node.inputs) {
+      auto x = static_cast<std::size_t>(input);
+      if (!forced[x]) continue;
+      std::string message = "min-cut: the recompute constraints cannot be met: backward node '" + node.name +
+                            "' reads " + quoted(graph_, input);
+      std::int32_t current = input;
+      while (true) {
+        auto c = static_cast<std::size_t>(current);
+        message += ", which is never saved (" + std::string(never_save_[c]) + ")";
+        if (forced_by[c] == current) {
+          message += " and never recomputed (" + std::string(never_recompute_[c]) + ")";
+          break;
+        }
+        message += " and can only be recomputed from " + quoted(graph_, forced_by[c]);
+        current = forced_by[c];
+      }
+      throw MinCutError(message);
+    }
+  }
+}
+
+std::vector<char> Solver::run_max_flow(std::int32_t vertices, const std::vector<Arc>& arcs, Cut& cut) const {
+  // Integer capacities in units of `unit` bytes.
+  double finite_total = 0.0;
+  for (const auto& arc : arcs)
+    if (!arc.infinite) finite_total += arc.capacity;
+  const double unit = std::max(1.0, finite_total / kMaxTotalUnits);
+  std::vector<std::int64_t> capacity(arcs.size());
+  std::int64_t total = 0;
+  for (std::size_t k = 0; k < arcs.size(); ++k) {
+    if (arcs[k].infinite) continue;
+    double scaled = arcs[k].capacity / unit;
+    auto units = static_cast<std::int64_t>(std::llround(scaled));
+    if (units == 0 && scaled > 0.0) units = 1;
+    capacity[k] = units;
+    total += units;
+  }
+  const std::int64_t infinite = total + 1;
+  for (std::size_t k = 0; k < arcs.size(); ++k)
+    if (arcs[k].infinite) capacity[k] = infinite;
+  cut.stats.capacity_unit = unit;
+
+  // CSR arrays: every arc k is followed by its reverse; sorted by tail with a
+  // stable counting sort so positions (edge indices) are known.
+  const auto nv = static_cast<std::size_t>(vertices);
+  const std::size_t ne = arcs.size() * 2;
+  std::vector<std::uint32_t> start(nv + 1, 0);
+  for (const auto& arc : arcs) {
+    ++start[static_cast<std::size_t>(arc.tail) + 1];
+    ++start[static_cast<std::size_t>(arc.head) + 1];
+  }
+  for (std::size_t v = 0; v < nv; ++v) start[v + 1] += start[v];
+  std::vector<std::uint32_t> fill(start.begin(), start.end() - 1);
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> sorted(ne);
+  std::vector<std::uint32_t> forward_pos(arcs.size()), reverse_pos(arcs.size());
+  for (std::size_t k = 0; k < arcs.size(); ++k) {
+    auto t = static_cast<std::uint32_t>(arcs[k].tail), h = static_cast<std::uint32_t>(arcs[k].head);
+    forward_pos[k] = fill[t]++;
+    sorted[forward_pos[k]] = {t, h};
+    reverse_pos[k] = fill[h]++;
+    sorted[reverse_pos[k]] = {h, t};
+  }
+  CsrGraph g(boost::edges_are_sorted, sorted.begin(), sorted.end(), static_cast<CsrGraph::vertices_size_type>(nv));
+  std::vector<std::pair<std::uint32_t, std::uint32_t>>().swap(sorted);
+
+  std::vector<std::int64_t> cap(ne, 0), residual(ne, 0);
+  std::vector<EdgeDescriptor> reverse(ne);
+  for (std::size_t k = 0; k < arcs.size(); ++k) {
+    auto f = forward_pos[k], r = reverse_pos[k];
+    cap[f] = capacity[k];
+    reverse[f] = EdgeDescriptor(static_cast<std::uint32_t>(arcs[k].head), r);
+    reverse[r] = EdgeDescriptor(static_cast<std::uint32_t>(arcs[k].tail), f);
+  }
+  auto edge_index = boost::get(boost::edge_index, g);
+  auto cap_map = boost::make_iterator_property_map(cap.begin(), edge_index);
+  auto residual_map = boost::make_iterator_property_map(residual.begin(), edge_index);
+  auto reverse_map = boost::make_iterator_property_map(reverse.begin(), edge_index);
+  auto vertex_index = boost::get(boost::vertex_index, g);
+
+  std::int64_t flow = 0;
+  const auto source = static_cast<VertexDescriptor>(kSource), sink = static_cast<VertexDescriptor>(kSink);
+  if (options_.algorithm == MaxFlowAlgorithm::BoykovKolmogorov) {
+    std::vector<EdgeDescriptor> predecessor(nv);
+    std::vector<boost::default_color_type> color(nv);
+    std::vector<long> distance(nv);
+    flow = boost::boykov_kolmogorov_max_flow(g, cap_map, residual_map, reverse_map,
+                                             boost::make_iterator_property_map(predecessor.begin(), vertex_index),
+                                             boost::make_iterator_property_map(color.begin(), vertex_index),
+                                             boost::make_iterator_property_map(distance.begin(), vertex_index),
+                                             vertex_index, source, sink);
+  } else {
+    flow = boost::push_relabel_max_flow(g, source, sink, cap_map, residual_map, reverse_map, vertex_index);
+  }
+  if (flow >= infinite)
+    throw std::logic_error("min-cut: max flow reached the infinite capacity although the feasibility check passed");
+  cut.stats.max_flow = flow;
+
+  // Minimal source side: what the source still reaches in the residual
+  // network. It is the same for every maximum flow, hence for both solvers.
+  std::vector<char> reached(nv, 0);
+  std::vector<std::uint32_t> queue{static_cast<std::uint32_t>(kSource)};
+  reached[kSource] = 1;
+  for (std::size_t head = 0; head < queue.size(); ++head) {
+    for (auto [e, end] = boost::out_edges(queue[head], g); e != end; ++e) {
+      if (residual[e->idx] <= 0) continue;
+      auto t = boost::target(*e, g);
+      if (reached[t]) continue;
+      reached[t] = 1;
+      queue.push_back(t);
+    }
+  }
+  return reached;
+}
+
+Cut Solver::solve(double lambda) const {
+  const std::size_t n = graph_.nodes.size();
+  Cut cut;
+  cut.lambda = lambda;
+  cut.policies = tags_;
+  cut.stats.forward_nodes = forward_nodes_;
+  cut.stats.free_nodes = free_nodes_;
+  cut.stats.candidate_nodes = candidates_.size();
+
+  // Vertices: source, sink, then in/out vertices of candidates. Exact merges:
+  // a node never recomputed has its in-vertex at the source; one never saved
+  // has out = in; one with zero recompute cost and a single network input
+  // shares that input's out-vertex (a view chain collapses onto its base);
+  // zero cost with no network input, or zero save bytes, sits at the sink.
+  std::vector<std::int32_t> in_vertex(n, kNone), out_vertex(n, kNone);
+  std::vector<Arc> arcs;
+  arcs.reserve(candidates_.size() * 4);
+  std::int32_t vertices = 2;
+  std::vector<std::int32_t> input_vertices;
+  // Deduplicates input vertices per node in O(inputs): stamp[x] = last node that saw x.
+  std::vector<std::int32_t> stamp(2 + 2 * candidates_.size(), kNone);
+  for (auto v : candidates_) {
+    auto i = static_cast<std::size_t>(v);
+    input_vertices.clear();
+    if (!never_recompute_[i])
+      for_network_inputs(i, [&](std::int32_t input) {
+        auto x = out_vertex[static_cast<std::size_t>(input)];
+        if (stamp[static_cast<std::size_t>(x)] == v) return;
+        stamp[static_cast<std::size_t>(x)] = v;
+        input_vertices.push_back(x);
+      });
+    const double cost = lambda * seconds_[i];
+    std::int32_t in = kNone;
+    bool own_in = false;
+    if (never_recompute_[i]) {
+      in = kSource;
+    } else if (cost <= 0.0 && input_vertices.size() <= 1) {
+      in = input_vertices.empty() ? kSink : input_vertices.front();
+    } else {
+      in = vertices++;
+      own_in = true;
+    }
+    std::int32_t out = kNone;
+    if (never_save_[i] || in == kSink) {
+      out = in;
+    } else if (save_bytes_[i] <= 0.0) {
+      out = kSink;
+    } else {
+      out = vertices++;
+      arcs.push_back({in, out, save_bytes_[i], false});
+    }
+    if (own_in) {
+      if (cost > 0.0) arcs.push_back({kSource, in, cost, false});
+      for (auto x : input_vertices)
+        if (x != kSink && x != in) arcs.push_back({x, in, 0.0, true});
+    }
+    in_vertex[i] = in;
+    out_vertex[i] = out;
+    if (read_by_backward_[i] && out != kSink) arcs.push_back({out, kSink, 0.0, true});
+  }
+  cut.stats.network_vertices = static_cast<std::size_t>(vertices);
+  cut.stats.network_edges = arcs.size();
+
+  std::vector<char> source_side = run_max_flow(vertices, arcs, cut);
+  auto on_sink_side = [&](std::int32_t vertex) { return !source_side[static_cast<std::size_t>(vertex)]; };
+
+  // What the backward actually needs: its reads, then the inputs of every
+  // needed node the cut recomputes. A needed node on the source side is saved.
+  std::vector<char> needed(read_by_backward_.begin(), read_by_backward_.end());
+  std::vector<char> recomputed(n, 0), saved(n, 0);
+  for (auto it = candidates_.rbegin(); it != candidates_.rend(); ++it) {
+    auto i = static_cast<std::size_t>(*it);
+    if (!needed[i]) continue;
+    if (!never_recompute_[i] && on_sink_side(in_vertex[i])) {
+      recomputed[i] = 1;
+      for_network_inputs(i, [&](std::int32_t input) { needed[static_cast<std::size_t>(input)] = 1; });
+    } else {
+      if (never_save_[i])
+        throw std::logic_error("min-cut: node '" + graph_.nodes[i].name + "' is needed, saved and never saved");
+      saved[i] = 1;
+    }
+  }
+  for (auto v : candidates_) {
+    auto i = static_cast<std::size_t>(v);
+    const Node& node = graph_.nodes[i];
+    const Policy tag = tags_[i];
+    if (recomputed[i]) {
+      cut.recomputed.push_back(v);
+      double seconds = recompute_seconds(graph_, v, options_.hardware);
+      cut.recompute_seconds += seconds;
+      cut.recompute_flops += node.flops;
+      cut.biased_seconds += seconds_[i];
+      cut.policies[i] = tag == Policy::MustRecompute ? Policy::MustRecompute : Policy::PreferRecompute;
+    } else if (saved[i]) {
+      cut.saved.push_back(v);
+      cut.saved_bytes += node.output_bytes();
+      cut.biased_bytes += save_bytes_[i];
+      if (tag != Policy::None) cut.policies[i] = never_recompute_[i] ? Policy::MustSave : Policy::PreferSave;
+    }
+  }
+  // Free values the rewritten backward reads stay where they are: a
+  // PREFER_RECOMPUTE on one becomes PREFER_SAVE so plan_remat copies nothing
+  // the cut did not choose.
+  auto keep_free = [&](std::int32_t input) {
+    auto x = static_cast<std::size_t>(input);
+    if (forward_value(input) && free_[x] && cut.policies[x] == Policy::PreferRecompute)
+      cut.policies[x] = Policy::PreferSave;
+  };
+  for (std::size_t b = 0; b < n; ++b) {
+    const Node& node = graph_.nodes[b];
+    if (node.is_backward() && node.kind != NodeKind::Output)
+      for (auto input : node.inputs) keep_free(input);
+  }
+  for (auto v : cut.recomputed)
+    for (auto input : graph_.nodes[static_cast<std::size_t>(v)].inputs) keep_free(input);
+  cut.stats.saved_values = cut.saved.size();
+  cut.stats.recomputed_nodes = cut.recomputed.size();
+  if (cut.stats.capacity_unit > 1.0)
+    cut.diagnostics.push_back("min-cut: capacities scaled to units of " + format_double(cut.stats.capacity_unit) +
+                              " bytes to fit 64-bit integers");
+  cut.diagnostics.push_back("min-cut (lambda " + format_double(lambda) + " B/s): saved " +
+                            std::to_string(cut.saved.size()) + " values (" + format_bytes(cut.saved_bytes) +
+                            "), recompute " + std::to_string(cut.recomputed.size()) + " nodes (" +
+                            format_double(cut.recompute_seconds) + " s, " + format_double(cut.recompute_flops) +
+                            " FLOPs)");
+  return cut;
+}
+
+MinCutResult to_result(Cut&& cut) {
+  MinCutResult result;
+  result.policies = std::move(cut.policies);
+  result.saved = std::move(cut.saved);
+  result.recomputed = std::move(cut.recomputed);
+  result.saved_bytes = cut.saved_bytes;
+  result.recompute_seconds = cut.recompute_seconds;
+  result.recompute_flops = cut.recompute_flops;
+  result.objective = cut.objective_at(cut.lambda);
+  result.lambda = cut.lambda;
+  result.stats = cut.stats;
+  result.diagnostics = std::move(cut.diagnostics);
+  return result;
+}
+
+bool same_cut(const Cut& a, const Cut& b) { return a.saved == b.saved && a.recomputed == b.recomputed; }
+
+}  // namespace
+
+double recompute_seconds(const Graph& graph, std::int32_t index, const HardwareProfile& hardware) {
+  const Node& node = graph.nodes.at(static_cast<std::size_t>(index));
+  if (node.kind != NodeKind::CallFunction || is_view_like(node) || is_getitem(node) || node.symint) return 0.0;
+  double bytes = static_cast<double>(node.output_bytes());
+  for (auto input : node.inputs) bytes += static_cast<double>(graph.nodes[static_cast<std::size_t>(input)].output_bytes());
+  return std::max(node.flops / hardware.peak_flops, bytes / hardware.memory_bandwidth);
+}
+
+MinCutResult solve_min_cut(const Graph& graph, const std::vector<Policy>& tags, const MinCutOptions& options) {
+  auto start = std::chrono::steady_clock::now();
+  Solver solver(graph, tags, options);
+  MinCutResult result = to_result(solver.solve(options.lambda));
+  result.solve_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+ParetoResult pareto_frontier(const Graph& graph, const std::vector<Policy>& tags, const MinCutOptions& options,
+                             const ParetoOptions& pareto) {
+  auto start = std::chrono::steady_clock::now();
+  if (!(std::isfinite(pareto.lambda_min) && std::isfinite(pareto.lambda_max) && pareto.lambda_min >= 0.0 &&
+        pareto.lambda_min <= pareto.lambda_max))
+    throw std::invalid_argument("pareto_frontier: need 0 <= lambda_min <= lambda_max, got " +
+                                format_double(pareto.lambda_min) + " and " + format_double(pareto.lambda_max));
+  if (pareto.max_solves < 2) throw std::invalid_argument("pareto_frontier: max_solves must be >= 2");
+  Solver solver(graph, tags, options);
+  std::vector<Cut> cuts;
+  cuts.push_back(solver.solve(pareto.lambda_min));
+  std::size_t solves = 1;
+  if (pareto.lambda_max > pareto.lambda_min) {
+    cuts.push_back(solver.solve(pareto.lambda_max));
+    ++solves;
+  }
+  // Eisner-Severance: the optimal objective is concave and piecewise linear in
+  // lambda. Between two cuts A (lower lambda, more recompute) and B, either
+  // the cut found where their lines cross lies on both lines (no further
+  // breakpoint in between) or it is a new cut and both halves are searched.
+  // Breadth first, so a search stopped by max_solves still spans the range.
+  std::deque<std::pair<std::size_t, std::size_t>> work;
+  if (cuts.size() == 2 && !same_cut(cuts[0], cuts[1])) work.emplace_back(0, 1);
+  while (!work.empty() && solves < pareto.max_solves) {
+    auto [a, b] = work.front();
+    work.pop_front();
+    const Cut& lo = cuts[a];
+    const Cut& hi = cuts[b];
+    double dseconds = lo.biased_seconds - hi.biased_seconds;
+    if (dseconds <= 0.0) continue;
+    double crossing = (hi.biased_bytes - lo.biased_bytes) / dseconds;
+    if (!(crossing > lo.lambda && crossing < hi.lambda)) continue;
+    Cut middle = solver.solve(crossing);
+    ++solves;
+    double line = lo.objective_at(crossing);
+    double tolerance = 1e-9 * std::abs(line) + 2.0 * middle.stats.capacity_unit *
+                                                   static_cast<double>(middle.stats.saved_values + middle.stats.recomputed_nodes + 1);
+    if (same_cut(middle, lo) || same_cut(middle, hi) || middle.objective_at(crossing) >= line - tolerance) continue;
+    cuts.push_back(std::move(middle));
+    std::size_t c = cuts.size() - 1;
+    work.emplace_back(a, c);
+    work.emplace_back(c, b);
+  }
+  ParetoResult result;
+  result.solves = solves;
+  result.complete = work.empty();
+  std::sort(cuts.begin(), cuts.end(), [](const Cut& x, const Cut& y) { return x.lambda > y.lambda; });
+  std::vector<ParetoPoint>& points = result.points;
+  for (auto& cut : cuts) {
+    if (!points.empty() && points.back().saved == cut.saved && points.back().recomputed == cut.recomputed) continue;
+    ParetoPoint point;
+    point.lambda = cut.lambda;
+    point.saved_bytes = cut.saved_bytes;
+    point.recompute_seconds = cut.recompute_seconds;
+    point.recompute_flops = cut.recompute_flops;
+    point.policies = std::move(cut.policies);
+    point.saved = std::move(cut.saved);
+    point.recomputed = std::move(cut.recomputed);
+    points.push_back(std::move(point));
+  }
+  result.solve_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace hyper_ac
