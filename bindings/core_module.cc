@@ -5,6 +5,7 @@
 
 #include "hyper_ac/config.h"
 #include "hyper_ac/graph.h"
+#include "hyper_ac/mincut.h"
 #include "hyper_ac/plan.h"
 
 namespace py = pybind11;
@@ -27,6 +28,7 @@ PYBIND11_MODULE(_core, m) {
   py::register_exception<ConfigError>(m, "ConfigError", PyExc_ValueError);
   py::register_exception<ScopeError>(m, "ScopeError", PyExc_ValueError);
   py::register_exception<PlanError>(m, "PlanError", PyExc_RuntimeError);
+  py::register_exception<MinCutError>(m, "MinCutError", PyExc_ValueError);
   m.attr("GRAPH_FORMAT_VERSION") = kGraphFormatVersion;
 
   m.def("load_graph_summary", [](const std::string& graph_json) {
@@ -73,6 +75,13 @@ PYBIND11_MODULE(_core, m) {
     return plan_to_json(loaded.graph, result);
   }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = "",
      "Plan save/recompute for a graph; return the plan JSON.");
+
+  m.def("pareto", [](const std::string& graph_json, const std::string& config_json, const std::string& op_policy_json) {
+    py::gil_scoped_release release;
+    auto loaded = load_graph(graph_json);
+    return frontier_to_json(plan_frontier(loaded.graph, plan_options(config_json, op_policy_json)));
+  }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = "",
+     "The saved-bytes / recompute-cost frontier across lambda, with simulated peaks (JSON list).");
 
   m.def("print_plan", [](const std::string& graph_json, const std::string& config_json, const std::string& op_policy_json) {
     auto loaded = load_graph(graph_json);

@@ -360,6 +360,10 @@ OpPolicyTable merge_op_policy(const OpPolicyTable& base, const std::string& over
   return table_from_json(parse_json(override_json, "op policy override"), "op_policy", &base);
 }
 
+double effective_lambda(const MinCutConfig& mincut) {
+  return mincut.lambda ? *mincut.lambda : mincut.hardware.memory_bandwidth / 4.0;
+}
+
 OpPolicyTable effective_op_policy(const Config& config, const OpPolicyTable& base) {
   if (config.op_policy_override.empty()) return base;
   return merge_op_policy(base, config.op_policy_override);
@@ -378,7 +382,7 @@ std::string config_to_json(const Config& config) {
                         {"output_recompute", config.scope.output_recompute}};
   section["save_forward_all_gather"] = config.save_forward_all_gather;
   if (config.mincut.memory_budget) section["memory_budget"] = *config.mincut.memory_budget;
-  section["lambda"] = config.mincut.lambda;
+  if (config.mincut.lambda) section["lambda"] = *config.mincut.lambda;
   section["hardware"] = {{"name", config.mincut.hardware.name},
                          {"peak_flops", config.mincut.hardware.peak_flops},
                          {"memory_bandwidth", config.mincut.hardware.memory_bandwidth}};

@@ -1,6 +1,11 @@
 #include "hyper_ac/plan.h"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
+
+#include "hyper_ac/mincut.h"
+#include "hyper_ac/simulate.h"
 
 namespace hyper_ac {
 
@@ -35,6 +40,58 @@ std::string joined(const std::vector<std::string>& items, std::size_t limit = 8)
   return out;
 }
 
+// The budget as a simulated peak (everything resident included). Absolute
+// sizes are that peak. A fraction f keeps f of the all-saved activation bytes:
+// the all-saved step's peak less (1 - f) of the activations its backward reads.
+std::int64_t budget_target(const Graph& graph, const Config& config, const SimulateResult& all_saved) {
+  double budget = *config.mincut.memory_budget;
+  if (!config.mincut.memory_budget_is_fraction) return static_cast<std::int64_t>(budget);
+  double activations = static_cast<double>(summarize(graph).activation_bytes_read_by_backward);
+  return static_cast<std::int64_t>(static_cast<double>(all_saved.peak_bytes_with_resident) - (1.0 - budget) * activations);
+}
+
+// Budget mode: the least-recompute point of the Pareto frontier whose
+// simulated peak fits; none fits → the smallest peak, with a warning.
+void choose_within_budget(const Graph& graph, const Config& config, const MinCutOptions& cut_options,
+                          const SimulateResult& all_saved, PlanResult& result) {
+  const std::int64_t target = budget_target(graph, config, all_saved);
+  result.stats.budget_bytes = target;
+  ParetoResult frontier = pareto_frontier(graph, result.tags.policies, cut_options);
+  SimulateOptions sim_options;
+  sim_options.record_timeline = false;
+  std::int64_t best_peak = -1;
+  bool met = false;
+  for (const auto& point : frontier.points) {
+    RematPlan plan = plan_remat(graph, point.policies);
+    SimulateResult sim = simulate_memory(graph, &plan, sim_options);
+    std::int64_t peak = sim.peak_bytes_with_resident;
+    if (peak <= target) {
+      result.policies = point.policies;
+      result.remat = std::move(plan);
+      result.stats.lambda = point.lambda;
+      met = true;
+      break;
+    }
+    if (best_peak < 0 || peak < best_peak) {
+      best_peak = peak;
+      result.policies = point.policies;
+      result.remat = std::move(plan);
+      result.stats.lambda = point.lambda;
+    }
+  }
+  if (frontier.points.empty()) result.remat = plan_remat(graph, result.policies);
+  result.stats.budget_met = met;
+  if (!met) {
+    result.diagnostics.push_back(
+        {"warning", "memory budget " + format_bytes(target) + " (simulated peak)" +
+                        " cannot be met: the smallest simulated peak reachable is " +
+                        format_bytes(best_peak < 0 ? 0 : best_peak) + "; using that plan"});
+  }
+  if (!frontier.complete)
+    result.diagnostics.push_back({"info", "Pareto search stopped after " + std::to_string(frontier.solves) +
+                                              " max-flow solves; the budget plan may not be the least-recompute one"});
+}
+
 }  // namespace
 
 PlanResult make_plan(const Graph& graph, const PlanOptions& options) {
@@ -64,7 +121,28 @@ PlanResult make_plan(const Graph& graph, const PlanOptions& options) {
   result.tags = tag_policies(graph, result.scope, tag_options);
   result.policies = result.tags.policies;
 
-  result.remat = plan_remat(graph, result.policies);
+  MinCutOptions cut_options;
+  cut_options.lambda = effective_lambda(config.mincut);
+  cut_options.hardware = config.mincut.hardware;
+  SimulateOptions sim_options;
+  sim_options.record_timeline = false;
+  const SimulateResult before = simulate_memory(graph, nullptr, sim_options);
+  result.stats.simulated_peak_before = before.peak_bytes_with_resident;
+
+  if (config.mode == Mode::Auto) {
+    MinCutResult cut = solve_min_cut(graph, result.tags.policies, cut_options);
+    result.policies = cut.policies;
+    result.stats.lambda = cut.lambda;
+    for (const auto& note : cut.diagnostics) result.diagnostics.push_back({"info", note});
+    result.remat = plan_remat(graph, result.policies);
+  } else if (config.mode == Mode::Budget) {
+    choose_within_budget(graph, config, cut_options, before, result);
+  } else {
+    result.remat = plan_remat(graph, result.policies);
+  }
+  result.stats.simulated_peak_after = simulate_memory(graph, &result.remat, sim_options).peak_bytes_with_resident;
+  for (const auto& dup : result.remat.duplicates)
+    result.stats.recompute_seconds += recompute_seconds(graph, dup.of, config.mincut.hardware);
 
   bool already_rematted = false;
   for (const auto& node : graph.nodes) already_rematted = already_rematted || !node.recomputed_from.empty();
@@ -74,6 +152,52 @@ PlanResult make_plan(const Graph& graph, const PlanOptions& options) {
                         "] but recomputed no node; the model may already be wrapped by eager checkpointing, or "
                         "every candidate was pinned to save"});
   return result;
+}
+
+std::vector<FrontierPoint> plan_frontier(const Graph& graph, const PlanOptions& options) {
+  PlanOptions auto_options = options;
+  auto_options.config.mode = Mode::Auto;
+  auto_options.config.mincut.memory_budget.reset();
+  Scope scope = resolve_scope(graph, scope_options(auto_options.config));
+  TagOptions tag_options;
+  tag_options.mode = Mode::Auto;
+  tag_options.op_policy = effective_op_policy(auto_options.config, options.op_policy);
+  tag_options.save_forward_all_gather = auto_options.config.save_forward_all_gather;
+  TagResult tags = tag_policies(graph, scope, tag_options);
+  MinCutOptions cut_options;
+  cut_options.hardware = auto_options.config.mincut.hardware;
+  cut_options.lambda = effective_lambda(auto_options.config.mincut);
+  ParetoResult frontier = pareto_frontier(graph, tags.policies, cut_options);
+  SimulateOptions sim_options;
+  sim_options.record_timeline = false;
+  std::vector<FrontierPoint> points;
+  for (const auto& p : frontier.points) {
+    RematPlan plan = plan_remat(graph, p.policies);
+    SimulateResult sim = simulate_memory(graph, &plan, sim_options);
+    FrontierPoint point;
+    point.lambda = p.lambda;
+    point.saved_bytes = plan.stats.saved_bytes_after;
+    point.recompute_flops = plan.stats.recompute_flops;
+    for (const auto& dup : plan.duplicates) point.recompute_seconds += recompute_seconds(graph, dup.of, cut_options.hardware);
+    point.nodes_duplicated = plan.duplicates.size();
+    point.simulated_peak_bytes = sim.peak_bytes_with_resident;
+    point.simulated_activation_peak_bytes = sim.peak_bytes;
+    points.push_back(point);
+  }
+  return points;
+}
+
+std::string frontier_to_json(const std::vector<FrontierPoint>& points) {
+  json out = json::array();
+  for (const auto& p : points)
+    out.push_back({{"lambda", p.lambda},
+                   {"saved_bytes", p.saved_bytes},
+                   {"recompute_seconds", p.recompute_seconds},
+                   {"recompute_flops", p.recompute_flops},
+                   {"nodes_duplicated", p.nodes_duplicated},
+                   {"simulated_peak_bytes", p.simulated_peak_bytes},
+                   {"simulated_activation_peak_bytes", p.simulated_activation_peak_bytes}});
+  return out.dump();
 }
 
 std::vector<std::string> policy_annotations(const Graph& graph, const PlanResult& result) {

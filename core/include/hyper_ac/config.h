@@ -42,15 +42,21 @@ struct HardwareProfile {
 };
 
 struct MinCutConfig {
-  // Weight of recompute time against saved bytes: objective = bytes + lambda * seconds.
-  // Default 1e10 bytes/s: recomputing is worth it when it frees more than
-  // ~10 GB per second of extra compute (see docs/config.md for the reasoning).
-  double lambda = 1.0e10;
+  // Weight of recompute time against saved bytes: the cut minimises
+  // saved bytes + lambda * recompute seconds. Unset = memory_bandwidth / 4 of
+  // the hardware profile: a pointwise op (cost ~ bytes moved / bandwidth) is
+  // then recomputed when its output is larger than a quarter of what it reads
+  // and writes, and a matmul only when its K is below ~8 x peak_flops /
+  // bandwidth (see docs/config.md).
+  std::optional<double> lambda;
   HardwareProfile hardware;
   // `budget` mode: bytes (> 1) or a fraction of all-saved activation bytes (0 < f <= 1).
   std::optional<double> memory_budget;
   bool memory_budget_is_fraction = false;
 };
+
+// The lambda in force: the configured one, else memory_bandwidth / 4.
+double effective_lambda(const MinCutConfig& mincut);
 
 struct Config {
   Mode mode = Mode::Off;

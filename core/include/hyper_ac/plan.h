@@ -50,6 +50,23 @@ struct PlanResult {
 // Throws GraphError / ConfigError / ScopeError / PlanError.
 PlanResult make_plan(const Graph& graph, const PlanOptions& options);
 
+// One point of the memory / recompute frontier (min-cut over λ), with the
+// simulated peak of the step rewritten by that cut.
+struct FrontierPoint {
+  double lambda = 0.0;
+  std::int64_t saved_bytes = 0;
+  double recompute_seconds = 0.0;
+  double recompute_flops = 0.0;
+  std::size_t nodes_duplicated = 0;
+  std::int64_t simulated_peak_bytes = 0;             // everything resident included
+  std::int64_t simulated_activation_peak_bytes = 0;  // activations only
+};
+
+// The frontier under the config's scope and rules (any mode: tags are taken as
+// in `auto`). Least recompute first.
+std::vector<FrontierPoint> plan_frontier(const Graph& graph, const PlanOptions& options);
+std::string frontier_to_json(const std::vector<FrontierPoint>& points);
+
 std::string plan_to_json(const Graph& graph, const PlanResult& result);
 
 // Per-node "POLICY (reason)" strings for print_graph annotations / golden files.
