@@ -19,7 +19,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     torch.manual_seed(0)
     model = TinyTransformer(num_layers=args.layers)
-    tokens = torch.randint(0, 128, (2, 32))
+    tokens = torch.randint(0, 128, (4, 64))
 
     t0 = time.perf_counter()
     captured = capture_joint(copy.deepcopy(model), tokens, tokens)
@@ -52,13 +52,19 @@ def _demo(args: argparse.Namespace) -> int:
         torch._dynamo.reset()
 
     print()
-    print(f"{'mode':<10} {'duplicated':>10} {'saved before':>14} {'saved after':>13} {'recompute FLOPs':>16}  gradients identical")
+    print(f"{'mode':<10} {'duplicated':>10} {'saved before':>14} {'saved after':>13} {'sim. peak':>12} "
+          f"{'recompute FLOPs':>16} {'recompute time':>15}  gradients identical")
     for mode, stats, same in rows:
         print(
             f"{mode:<10} {stats.get('nodes_duplicated', 0):>10} "
             f"{stats.get('saved_bytes_before', 0) / 2**10:>10.1f} KiB {stats.get('saved_bytes_after', 0) / 2**10:>9.1f} KiB "
-            f"{stats.get('recompute_flops', 0):>16.3g}  {'yes' if same else 'NO'}"
+            f"{stats.get('simulated_peak_after', 0) / 2**10:>8.1f} KiB "
+            f"{stats.get('recompute_flops', 0):>16.3g} {stats.get('recompute_seconds', 0) * 1e6:>12.1f} us  "
+            f"{'yes' if same else 'NO'}"
         )
+    if rows:
+        print(f"(simulated peak without the pass: {rows[0][1].get('simulated_peak_before', 0) / 2**10:.1f} KiB; "
+              "recompute time is the roofline estimate for the configured hardware profile)")
     return 0 if all(same for _, _, same in rows) else 1
 
 

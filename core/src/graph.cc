@@ -446,8 +446,24 @@ std::string print_graph(const Graph& graph, const PrintOptions& options) {
   return out.str();
 }
 
+std::vector<std::int32_t> storage_roots(const Graph& graph) {
+  std::vector<std::int32_t> roots(graph.nodes.size());
+  for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
+    const Node& node = graph.nodes[i];
+    std::int32_t root = static_cast<std::int32_t>(i);
+    if (!node.aliased_inputs.empty())
+      root = roots[static_cast<std::size_t>(node.inputs[static_cast<std::size_t>(node.aliased_inputs.front())])];
+    else if (node.view && !node.inputs.empty())
+      root = roots[static_cast<std::size_t>(node.inputs.front())];
+    roots[i] = root;
+  }
+  return roots;
+}
+
 GraphSummary summarize(const Graph& graph) {
   GraphSummary summary;
+  const auto roots = storage_roots(graph);
+  std::vector<char> counted(graph.nodes.size(), 0);
   summary.nodes = graph.nodes.size();
   for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
     const Node& node = graph.nodes[i];
@@ -470,7 +486,14 @@ GraphSummary summarize(const Graph& graph) {
     }
     if (read_by_backward) {
       ++summary.activations_read_by_backward;
-      summary.activation_bytes_read_by_backward += node.output_bytes();
+      // Storage counts once however many views of it the backward reads.
+      auto root = static_cast<std::size_t>(roots[i]);
+      const Node& base = graph.nodes[root];
+      bool activation = base.is_forward() && base.kind == NodeKind::CallFunction;
+      if (activation && !counted[root]) {
+        counted[root] = 1;
+        summary.activation_bytes_read_by_backward += base.output_bytes();
+      }
     }
   }
   return summary;

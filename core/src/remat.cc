@@ -105,17 +105,21 @@ RematPlan plan_remat(const Graph& graph, const std::vector<Policy>& policies, co
       auto x = static_cast<std::size_t>(input);
       if (graph.nodes[x].is_forward() && !duplicated[x]) saved_after[x] = 1;
     }
+  // Bytes by storage: a saved view keeps its base alive, and a base counts once.
+  const auto roots = storage_roots(graph);
+  std::vector<char> counted_before(n, 0), counted_after(n, 0);
+  auto count = [&](std::size_t i, std::vector<char>& counted, std::size_t& values, std::int64_t& bytes) {
+    ++values;
+    auto root = static_cast<std::size_t>(roots[i]);
+    if (!is_activation(graph.nodes[root]) || counted[root]) return;
+    counted[root] = 1;
+    bytes += graph.nodes[root].output_bytes();
+  };
   for (std::size_t i = 0; i < n; ++i) {
     if (saved_after[i]) plan.saved.push_back(static_cast<std::int32_t>(i));
     if (!is_activation(graph.nodes[i])) continue;
-    if (saved_before[i]) {
-      ++plan.stats.saved_values_before;
-      plan.stats.saved_bytes_before += graph.nodes[i].output_bytes();
-    }
-    if (saved_after[i]) {
-      ++plan.stats.saved_values_after;
-      plan.stats.saved_bytes_after += graph.nodes[i].output_bytes();
-    }
+    if (saved_before[i]) count(i, counted_before, plan.stats.saved_values_before, plan.stats.saved_bytes_before);
+    if (saved_after[i]) count(i, counted_after, plan.stats.saved_values_after, plan.stats.saved_bytes_after);
   }
 
   if (options.validate) validate_plan(graph, plan);

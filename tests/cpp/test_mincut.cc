@@ -3,6 +3,8 @@
 // property test on random DAGs.
 #include <catch2/catch.hpp>
 
+#include <set>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -630,12 +632,25 @@ TEST_CASE("random DAGs: the cut obeys every rule and matches brute force", "[min
     std::vector<std::int32_t> duplicated;
     for (const auto& dup : plan.duplicates) duplicated.push_back(dup.of);
     CHECK(duplicated == r.recomputed);
-    std::int64_t free_read = 0;
-    for (auto i : plan.saved) {
+    // Saved bytes count storage once (a view keeps its base, parameters are
+    // not activations), and cover everything the cut saved.
+    const auto roots = storage_roots(g);
+    std::set<std::int32_t> plan_roots, cut_roots;
+    auto activation = [&](std::int32_t i) {
       const Node& node = g.nodes[static_cast<std::size_t>(i)];
-      if (node.kind == NodeKind::CallFunction && model.free[static_cast<std::size_t>(i)]) free_read += node.output_bytes();
-    }
-    CHECK(plan.stats.saved_bytes_after == r.saved_bytes + free_read);
+      return node.is_forward() && node.kind == NodeKind::CallFunction;
+    };
+    for (auto i : plan.saved)
+      if (activation(roots[static_cast<std::size_t>(i)])) plan_roots.insert(roots[static_cast<std::size_t>(i)]);
+    for (auto i : r.saved)
+      if (activation(roots[static_cast<std::size_t>(i)])) cut_roots.insert(roots[static_cast<std::size_t>(i)]);
+    auto bytes_of = [&](const std::set<std::int32_t>& set) {
+      std::int64_t total = 0;
+      for (auto i : set) total += g.nodes[static_cast<std::size_t>(i)].output_bytes();
+      return total;
+    };
+    CHECK(plan.stats.saved_bytes_after == bytes_of(plan_roots));
+    CHECK(std::includes(plan_roots.begin(), plan_roots.end(), cut_roots.begin(), cut_roots.end()));
 
     // The frontier holds the optimum for every lambda in its range.
     if (round % 5 == 0) {

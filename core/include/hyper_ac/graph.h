@@ -136,6 +136,12 @@ struct GraphSummary {
 };
 
 GraphSummary summarize(const Graph& graph);
+
+// For every node, the node whose output storage it shares: itself, or for a
+// view / in-place result / getitem, the root of the input it aliases (the
+// first aliased input; a view without positions aliases input 0). Values that
+// share a root occupy memory once.
+std::vector<std::int32_t> storage_roots(const Graph& graph);
 std::string format_summary(const GraphSummary& summary);
 
 // Human-readable byte count ("1.5 MiB").

@@ -31,8 +31,10 @@ struct Redirect {
 struct RematStats {
   std::size_t nodes_duplicated = 0;
   std::size_t nodes_erased = 0;
-  std::int64_t saved_bytes_before = 0;  // forward values backward reads, all saved
-  std::int64_t saved_bytes_after = 0;   // forward values the rewritten backward reads
+  // Activation storage the backward reads (each storage once, views count
+  // their base), before and after the rewrite.
+  std::int64_t saved_bytes_before = 0;
+  std::int64_t saved_bytes_after = 0;
   std::size_t saved_values_before = 0;
   std::size_t saved_values_after = 0;
   double recompute_flops = 0.0;         // FLOPs of all duplicates
