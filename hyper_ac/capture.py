@@ -536,8 +536,7 @@ def _placeholder_roles(
     param_by_id: dict[int, str] = {}
     buffer_by_id: dict[int, str] = {}
     if model is not None:
-        param_by_id = {id(p): k for k, p in model.named_parameters(remove_duplicate=False)}
-        buffer_by_id = {id(b): k for k, b in model.named_buffers(remove_duplicate=False)}
+        param_by_id, buffer_by_id = _tensor_names(model)
 
     # Heuristic fallback: the joint returns one gradient slot per primal, in
     # primal order (None where the primal needs no gradient).
@@ -588,13 +587,24 @@ def _classify_one(value: Any, param_by_id: dict[int, str], buffer_by_id: dict[in
     return "input"
 
 
+def _tensor_names(model: nn.Module) -> tuple[dict[int, str], dict[int, str]]:
+    """id → FQN of parameters and buffers; a tied tensor gets its first name
+    (the key ``named_parameters()`` keeps)."""
+    params: dict[int, str] = {}
+    buffers: dict[int, str] = {}
+    for k, p in model.named_parameters(remove_duplicate=False):
+        params.setdefault(id(p), k)
+    for k, b in model.named_buffers(remove_duplicate=False):
+        buffers.setdefault(id(b), k)
+    return params, buffers
+
+
 def classify_example_inputs(example_inputs: Iterable[Any], model: nn.Module | None = None) -> list[str]:
     """Role of each flat input a dynamo backend receives (``parameter``/``buffer``/``input``)."""
     param_by_id: dict[int, str] = {}
     buffer_by_id: dict[int, str] = {}
     if model is not None:
-        param_by_id = {id(p): k for k, p in model.named_parameters(remove_duplicate=False)}
-        buffer_by_id = {id(b): k for k, b in model.named_buffers(remove_duplicate=False)}
+        param_by_id, buffer_by_id = _tensor_names(model)
     return [_classify_one(v, param_by_id, buffer_by_id, {}, "") for v in example_inputs]
 
 

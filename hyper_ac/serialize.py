@@ -20,6 +20,7 @@ Schema analysis is cached per target, so the cost is linear in the graph.
 
 from __future__ import annotations
 
+import gc
 import json
 import operator
 from typing import Any, Iterable
@@ -189,6 +190,7 @@ def op_facts(target: Any) -> OpFacts:
         facts.view = view
     elif isinstance(target, torch._ops.HigherOrderOperator):
         facts.rng = target.name() in _RNG_HOPS
+        facts.flop_formula = _flop_registry().get(target)
     try:
         _FACTS_CACHE[target] = facts
     except TypeError:
@@ -250,8 +252,16 @@ def _element_size(dtype: torch.dtype) -> int:
     return size
 
 
+def _shape(t: torch.Tensor, fallback: int) -> tuple[int, ...]:
+    shape = tuple(t.shape)
+    for s in shape:
+        if type(s) is not int:
+            return tuple(_hint(x, fallback) for x in shape)
+    return shape
+
+
 def _tensor_fact(t: torch.Tensor, fallback: int) -> dict:
-    shape = [_hint(s, fallback) for s in t.shape]
+    shape = list(_shape(t, fallback))
     numel = 1
     for s in shape:
         numel *= s
@@ -269,8 +279,8 @@ def _output_facts(val: Any, fallback: int) -> list[dict]:
 def _with_hinted_shapes(value: Any, fallback: int) -> Any:
     """Replace symbolic-shaped tensors by meta tensors of the hinted shape (for flop formulas)."""
     if isinstance(value, torch.Tensor):
-        if any(not isinstance(s, int) for s in value.shape):
-            return torch.empty([_hint(s, fallback) for s in value.shape], dtype=value.dtype, device="meta")
+        if any(type(s) is not int for s in value.shape):
+            return torch.empty(_shape(value, fallback), dtype=value.dtype, device="meta")
         return value
     if isinstance(value, (list, tuple)):
         return type(value)(_with_hinted_shapes(v, fallback) for v in value)
@@ -289,21 +299,68 @@ def _node_val(a: Any) -> Any:
     return a
 
 
+_FLOPS_CACHE: dict[tuple, float] = {}
+
+
+class _Unhashable(Exception):
+    pass
+
+
+_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+def _signature(value: Any, fallback: int) -> Any:
+    """A hashable stand-in for a flop formula's argument (tensors → shape, dtype)."""
+    if isinstance(value, fx.Node):
+        value = value.meta.get("val")
+    if isinstance(value, torch.Tensor):
+        return (_shape(value, fallback), value.dtype)
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__,) + tuple([_signature(v, fallback) for v in value])
+    if isinstance(value, torch.SymInt):
+        return _hint(value, fallback)
+    if isinstance(value, _PLAIN):
+        return value
+    raise _Unhashable
+
+
 def _flops(node: fx.Node, facts: OpFacts, fallback: int) -> float:
     formula = facts.flop_formula
     if formula is None:
         return 0.0
+    # shape_wrapper formulas depend on shapes and plain values only: cache them
+    # per (target, signature) — transformer graphs repeat the same few matmuls.
+    key = None
+    if getattr(formula, "__wrapped__", None) is not None:  # shape_wrapper(f) (functools.wraps)
+        try:
+            key = (
+                node.target,
+                _signature(node.args, fallback),
+                tuple(sorted((k, _signature(v, fallback)) for k, v in node.kwargs.items())),
+                _signature(node.meta.get("val"), fallback),
+            )
+        except _Unhashable:
+            key = None
+        if key is not None:
+            hit = _FLOPS_CACHE.get(key)
+            if hit is not None:
+                return hit
     try:
         args = _with_hinted_shapes(_node_val(node.args), fallback)
         kwargs = {k: _with_hinted_shapes(v, fallback) for k, v in _node_val(dict(node.kwargs)).items()}
         out = _with_hinted_shapes(node.meta.get("val"), fallback)
         value = formula(*args, **kwargs, out_val=out)
+        if isinstance(value, torch.SymInt):
+            value = _hint(value, fallback)
+        value = float(value)
     except Exception:  # a formula that cannot run on these values: no estimate
-        return 0.0
-    if isinstance(value, torch.SymInt):
-        value = _hint(value, fallback)
-    value = float(value)
-    return value if value >= 0 else 0.0
+        value = 0.0
+    value = value if value >= 0 else 0.0
+    if key is not None:
+        if len(_FLOPS_CACHE) > 65536:
+            _FLOPS_CACHE.clear()
+        _FLOPS_CACHE[key] = value
+    return value
 
 
 # --------------------------------------------------------------------------
@@ -451,6 +508,19 @@ def serialize_graph(
     ``partitioner_tag``, else backward iff one of its inputs is backward.
     ``model``: the live module, for the ``model`` section.
     """
+    # Millions of small dicts/lists: the cyclic GC would rescan them over and
+    # over (quadratic-looking pauses on 100k-node graphs). Nothing here makes cycles.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _serialize(gm, model, unbacked_fallback, with_flops)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_fallback: int,
+               with_flops: bool) -> dict:
     graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
     owner = gm if isinstance(gm, fx.GraphModule) else getattr(graph, "owning_module", None)
     ids: dict[fx.Node, int] = {}
@@ -530,6 +600,12 @@ def to_json(gm: fx.GraphModule | fx.Graph, model: nn.Module | None = None, *, in
             **kwargs: Any) -> str:
     """:func:`serialize_graph` as a JSON string (compact unless ``indent``)."""
     doc = serialize_graph(gm, model, **kwargs)
-    if indent is None:
-        return json.dumps(doc, separators=(",", ":"))
-    return json.dumps(doc, indent=indent)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        if indent is None:
+            return json.dumps(doc, separators=(",", ":"))
+        return json.dumps(doc, indent=indent)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
