@@ -475,7 +475,10 @@ def _policy_name(value: Any) -> str | None:
     name = getattr(value, "name", value)
     if isinstance(name, str) and name in _POLICIES:
         return name
-    raise ValueError(f"meta['recompute'] holds {value!r}, not a CheckpointPolicy")
+    raise ValueError(
+        f"meta['recompute'] holds {value!r}; graph format v1 accepts only the CheckpointPolicy values "
+        f"{', '.join(_POLICIES)} (CPU-offload policies are not supported)"
+    )
 
 
 def _role_of(node: fx.Node) -> str:

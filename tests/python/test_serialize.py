@@ -402,8 +402,14 @@ def test_call_module_is_rejected():
 
 def test_bad_recompute_tag_is_rejected():
     gm = _manual_graph()
-    next(n for n in gm.graph.nodes if n.name == "relu").meta["recompute"] = "sometimes"
+    relu = next(n for n in gm.graph.nodes if n.name == "relu")
+    relu.meta["recompute"] = "sometimes"
     with pytest.raises(ValueError, match="CheckpointPolicy"):
+        serialize_graph(gm)
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    relu.meta["recompute"] = CheckpointPolicy.MUST_CPU_OFFLOAD
+    with pytest.raises(ValueError, match="CPU-offload"):
         serialize_graph(gm)
 
 
