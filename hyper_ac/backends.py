@@ -18,7 +18,7 @@ __all__ = ["backend"]
 
 
 def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: str = "eager",
-            on_result: Optional[Callable[[Any], None]] = None):
+            tag_only: bool = False, on_result: Optional[Callable[[Any], None]] = None):
     """``torch.compile(model, backend=hyper_ac.backend("configs/selective.yaml"))``.
 
     The config is loaded and validated now, so a bad config fails before
@@ -26,6 +26,8 @@ def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: s
     module's ``gradient_checkpointing`` blocks; without it the core finds the
     repeated blocks from the module stacks. ``compiler``: ``"eager"`` runs the
     partitioned graphs as FX code; ``"inductor"`` compiles them with Inductor.
+    ``tag_only=True`` only writes the policies and partitions with PyTorch's
+    ``min_cut_rematerialization_partition``, which honours them.
     ``on_result(PassResult)`` is called after each graph is planned.
     """
     from torch._dynamo.backends.common import aot_autograd
@@ -34,6 +36,8 @@ def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: s
     from hyper_ac.capture import annotate_joint
 
     cfg = load_config(config)
+    if not isinstance(tag_only, bool):
+        raise TypeError(f"hyper_ac.backend: tag_only must be a bool, got {type(tag_only).__name__}")
     if compiler not in ("eager", "inductor"):
         raise ValueError(f"hyper_ac.backend: compiler must be 'eager' or 'inductor', got {compiler!r}")
     if model is not None:
@@ -41,10 +45,14 @@ def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: s
 
     def partition_fn(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any):
         annotate_joint(joint, num_fwd_outputs, model=model)
-        ac_pass = ActivationCheckpointPass(cfg)
+        ac_pass = ActivationCheckpointPass(cfg, tag_only=tag_only)
         ac_pass.run(joint, model=model)
         if on_result is not None:
             on_result(ac_pass.result)
+        if tag_only:
+            from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+            return min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
         return partition_joint(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
 
     if compiler == "inductor":

@@ -99,8 +99,12 @@ def _private_get_attr(gm: fx.GraphModule, original: fx.Node, before: fx.Node) ->
     return node
 
 
-def apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any]) -> fx.GraphModule:
-    """Apply a core plan to ``gm`` in place: tags, duplicates, redirects, erasures."""
+def apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], *, tag_only: bool = False) -> fx.GraphModule:
+    """Apply a core plan to ``gm`` in place: tags, duplicates, redirects, erasures.
+
+    ``tag_only`` writes the policies (``meta["recompute"]``, ``meta["ac_graph_id"]``)
+    and stops, for PyTorch's own partitioner or Inductor to act on.
+    """
     graph = gm.graph
     by_name = {node.name: node for node in graph.nodes}
 
@@ -114,6 +118,8 @@ def apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any]) -> fx.GraphModule:
         node_named(name, "policy").meta["recompute"] = CheckpointPolicy[policy]
     for name, graph_id in plan.get("graph_ids", {}).items():
         node_named(name, "graph id").meta["ac_graph_id"] = graph_id
+    if tag_only:
+        return gm
 
     duplicate_of: dict[fx.Node, fx.Node] = {}
     for entry in plan.get("duplicates", []):
@@ -171,14 +177,18 @@ class ActivationCheckpointPass:
     YAML path, dict or :class:`hyper_ac.config.Config`) is validated when given.
     ``model`` (the live module) lets scope discovery use its
     ``gradient_checkpointing`` blocks; without it the core finds repeated
-    blocks from the module stacks. The last run's :class:`PassResult` is
-    ``self.result``.
+    blocks from the module stacks. ``tag_only=True`` writes the policies and
+    leaves the rewrite to PyTorch's partitioner. The last run's
+    :class:`PassResult` is ``self.result``.
     """
 
     name = "activation_checkpoint"
 
-    def __init__(self, config: Any = None) -> None:
+    def __init__(self, config: Any = None, *, tag_only: bool = False) -> None:
+        if not isinstance(tag_only, bool):
+            raise TypeError(f"tag_only must be a bool, got {type(tag_only).__name__}")
         self.config: Optional[Config] = load_config(config) if config is not None else None
+        self.tag_only = tag_only
         self.result: Optional[PassResult] = None
 
     def run(self, graph_module: fx.GraphModule, config: Any = None, *, model: Any = None) -> fx.GraphModule:
@@ -192,7 +202,7 @@ class ActivationCheckpointPass:
             apply_adapter_hook(model)
         result = plan_graph(graph_module, cfg, model=model)
         t0 = time.perf_counter()
-        apply_plan(graph_module, result.plan)
+        apply_plan(graph_module, result.plan, tag_only=self.tag_only)
         result.apply_seconds = time.perf_counter() - t0
         for diagnostic in result.diagnostics:
             if diagnostic["level"] == "warning":

@@ -61,7 +61,8 @@ void choose_within_budget(const Graph& graph, const Config& config, const MinCut
   sim_options.record_timeline = false;
   std::int64_t best_peak = -1;
   bool met = false;
-  for (const auto& point : frontier.points) {
+  for (auto& point : frontier.points) {
+    pin_tuple_projections(graph, point.policies);
     RematPlan plan = plan_remat(graph, point.policies);
     SimulateResult sim = simulate_memory(graph, &plan, sim_options);
     std::int64_t peak = sim.peak_bytes_with_resident;
@@ -134,10 +135,12 @@ PlanResult make_plan(const Graph& graph, const PlanOptions& options) {
     result.policies = cut.policies;
     result.stats.lambda = cut.lambda;
     for (const auto& note : cut.diagnostics) result.diagnostics.push_back({"info", note});
+    pin_tuple_projections(graph, result.policies);
     result.remat = plan_remat(graph, result.policies);
   } else if (config.mode == Mode::Budget) {
     choose_within_budget(graph, config, cut_options, before, result);
   } else {
+    pin_tuple_projections(graph, result.policies);
     result.remat = plan_remat(graph, result.policies);
   }
   result.stats.simulated_peak_after = simulate_memory(graph, &result.remat, sim_options).peak_bytes_with_resident;
@@ -171,7 +174,8 @@ std::vector<FrontierPoint> plan_frontier(const Graph& graph, const PlanOptions& 
   SimulateOptions sim_options;
   sim_options.record_timeline = false;
   std::vector<FrontierPoint> points;
-  for (const auto& p : frontier.points) {
+  for (auto& p : frontier.points) {
+    pin_tuple_projections(graph, p.policies);
     RematPlan plan = plan_remat(graph, p.policies);
     SimulateResult sim = simulate_memory(graph, &plan, sim_options);
     FrontierPoint point;

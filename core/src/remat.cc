@@ -29,6 +29,19 @@ std::string name_of(const Graph& graph, std::int32_t index) {
 
 }  // namespace
 
+std::size_t pin_tuple_projections(const Graph& graph, std::vector<Policy>& policies) {
+  std::size_t changed = 0;
+  for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
+    const Node& node = graph.nodes[i];
+    if (node.target != "operator.getitem" || node.inputs.empty() || !recomputable(graph, policies, i)) continue;
+    auto producer = static_cast<std::size_t>(node.inputs.front());
+    if (recomputable(graph, policies, producer)) continue;
+    policies[i] = Policy::MustSave;
+    ++changed;
+  }
+  return changed;
+}
+
 RematPlan plan_remat(const Graph& graph, const std::vector<Policy>& policies, const RematOptions& options) {
   const std::size_t n = graph.nodes.size();
   if (policies.size() != n)

@@ -170,3 +170,26 @@ TEST_CASE("a scope that recomputes nothing warns, naming the scope", "[remat]") 
   CHECK(r.diagnostics.back().level == "warning");
   CHECK(r.diagnostics.back().message.find("[layers.0]") != std::string::npos);
 }
+
+TEST_CASE("a projection of a saved tuple is saved, never recomputed from the tuple", "[remat]") {
+  GraphBuilder b;
+  b.placeholder("x");
+  b.op("norm", "aten::native_layer_norm.default", {"x"}, "layers.0")
+      .op("out0", "operator.getitem", {"norm"}, "layers.0", {{"aliased_inputs", {0}}})
+      .op("loss", "aten::sum.default", {"out0"});
+  b.placeholder("t", "tangent", 4, "backward").bwd("g", "aten::mul.Tensor", {"t", "out0"}).output({"loss", "g"});
+  Graph g = b.graph();
+  std::vector<Policy> policies(g.nodes.size(), Policy::None);
+  policies[static_cast<std::size_t>(b.index("norm"))] = Policy::MustSave;
+  policies[static_cast<std::size_t>(b.index("out0"))] = Policy::PreferRecompute;
+  CHECK(pin_tuple_projections(g, policies) == 1);
+  CHECK(policies[static_cast<std::size_t>(b.index("out0"))] == Policy::MustSave);
+  auto plan = plan_remat(g, policies);
+  CHECK(plan.duplicates.empty());
+  CHECK(names(g, plan.saved) == std::vector<std::string>{"out0"});
+  // Recomputed together with its producer, it stays recomputed.
+  policies[static_cast<std::size_t>(b.index("norm"))] = Policy::MustRecompute;
+  policies[static_cast<std::size_t>(b.index("out0"))] = Policy::PreferRecompute;
+  CHECK(pin_tuple_projections(g, policies) == 0);
+  CHECK(plan_remat(g, policies).duplicates.size() == 2);
+}

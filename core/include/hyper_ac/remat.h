@@ -60,6 +60,11 @@ struct RematOptions {
 RematPlan plan_remat(const Graph& graph, const std::vector<Policy>& policies,
                      const RematOptions& options = {});
 
+// A tuple never crosses from forward to backward on its own, only its getitem
+// projections do: a projection whose producer is not recomputed is therefore
+// saved (MUST_SAVE), never recomputed from the tuple. Returns how many changed.
+std::size_t pin_tuple_projections(const Graph& graph, std::vector<Policy>& policies);
+
 // Throws PlanError when a duplicate or redirected consumer would read a value
 // not yet computed at its position, an insertion point is not a backward node
 // that follows the original, a node is erased while still read, or a duplicate
