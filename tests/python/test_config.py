@@ -1,0 +1,121 @@
+"""Config loading: presets, YAML quirks, and one test per error class."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hyper_ac import config as hc
+from hyper_ac.config import ConfigError, RecomputePolicy, load_config
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@pytest.mark.parametrize("preset", sorted(p.name for p in CONFIGS.glob("*.yaml") if p.name != "op_policy.yaml"))
+def test_every_preset_loads(preset):
+    cfg = load_config(CONFIGS / preset)
+    assert cfg.mode in {"off", "full", "selective", "auto", "budget"}
+
+
+def test_presets_found_by_name():
+    assert load_config("selective.yaml").mode == "selective"
+
+
+def test_unquoted_off_in_yaml_is_mode_off(tmp_path):
+    path = tmp_path / "off.yaml"
+    path.write_text("activation_checkpoint:\n  mode: off\n")
+    assert load_config(path).mode == "off"
+    path.write_text("ac_mode: off\n")
+    assert load_config(path).mode == "off"
+
+
+def test_flat_and_nested_forms_agree():
+    flat = load_config({"ac_mode": "full", "ac_layer_count": 2})
+    nested = load_config({"activation_checkpoint": {"mode": "full", "selection": {"layer_count": 2}}})
+    assert flat.data == nested.data
+
+
+def test_unknown_key_suggests_the_right_one():
+    with pytest.raises(ConfigError, match=r"activation_checkpoint.selction.*did you mean 'selection'"):
+        load_config({"activation_checkpoint": {"mode": "full", "selction": {}}})
+
+
+def test_wrong_type_names_the_key():
+    with pytest.raises(ConfigError, match=r"'ac_layer_count'.*boolean"):
+        load_config({"ac_mode": "full", "ac_layer_count": True})
+    with pytest.raises(ConfigError, match=r"regions.exclude.*strings"):
+        load_config({"activation_checkpoint": {"regions": {"exclude": [3]}}})
+
+
+def test_conflicting_options():
+    with pytest.raises(ConfigError, match="both layer_count and layer_indices"):
+        load_config({"ac_mode": "full", "ac_layer_count": 1, "ac_layer_indices": [0]})
+    with pytest.raises(ConfigError, match="needs a memory_budget"):
+        load_config({"ac_mode": "budget"})
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("activation_checkpoint: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    with pytest.raises(ConfigError, match="is empty"):
+        load_config(empty)
+
+
+def test_error_names_the_file(tmp_path):
+    path = tmp_path / "typo.yaml"
+    path.write_text("ac_mdoe: full\n")
+    with pytest.raises(ConfigError, match=r"typo.yaml.*did you mean 'ac_mode'"):
+        load_config(path)
+
+
+def test_not_a_config():
+    with pytest.raises(TypeError, match="YAML path, a dict"):
+        load_config(42)
+    with pytest.raises(ConfigError, match="not plain data"):
+        load_config({"ac_mode": {1, 2}})
+
+
+def test_op_policy_override_is_validated():
+    with pytest.raises(ConfigError, match="did you mean 'must_recompute'"):
+        load_config({"ac_mode": "selective", "op_policy": {"must_recompte": ["aten::topk"]}})
+    cfg = load_config({"ac_mode": "selective", "op_policy": {"must_save": ["aten::bmm"]}})
+    assert cfg.data["op_policy"] == {"must_save": ["aten::bmm"]}
+
+
+def test_adapter_registry_and_run_once_hook():
+    calls = []
+
+    class Model:
+        pass
+
+    class SubModel(Model):
+        pass
+
+    policy = RecomputePolicy(["layers.*.mlp"], ["*.mlp.act"], on_applied=calls.append)
+    hc.register_adapter(Model, policy)
+    try:
+        model = SubModel()
+        assert hc.adapter_for(model) is policy
+        hc.apply_adapter_hook(model)
+        hc.apply_adapter_hook(model)
+        assert calls == [model]
+        data = json.loads(load_config({"ac_mode": "full"}).json_for(model))
+        assert data["adapter"] == {"include": ["layers.*.mlp"], "exclude": ["*.mlp.act"]}
+    finally:
+        hc.unregister_adapter(Model)
+    assert hc.adapter_for(SubModel()) is None
+
+
+def test_recompute_policy_validates_its_fields():
+    with pytest.raises(TypeError, match="region_patterns"):
+        RecomputePolicy("layers.*")
+    with pytest.raises(TypeError, match="on_applied"):
+        RecomputePolicy(["a"], on_applied=3)
