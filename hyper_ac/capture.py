@@ -183,8 +183,10 @@ def capture_joint(
     The loss is ``reduce_to_loss(output, loss_fn)``. ``route`` is
     ``"compile"`` (torch.compile + aot_autograd, default) or ``"export"``
     (dynamo export + aot_export_joint_with_descriptors). A graph break raises
-    :class:`CaptureError` naming dynamo's reason. The model's parameters and
-    ``.grad`` are left untouched (no backward is run).
+    :class:`CaptureError` naming dynamo's reason. The model is left as it
+    was: no backward runs (``.grad`` untouched), and the compile route, which
+    runs the forward once, restores the buffers (e.g. BatchNorm statistics)
+    and the RNG state afterwards.
     """
     model = _unwrap(model)
     if route == "compile":
@@ -243,7 +245,10 @@ def _capture_compile(model: nn.Module, args: tuple, kwargs: dict, loss_fn: Calla
     torch._dynamo.reset()
     try:
         # No AOTAutograd cache: a cache hit would skip the partitioner and so our recorder.
-        with functorch_config.patch(enable_autograd_cache=False), torch.enable_grad():
+        # The forward really runs once: put buffers (BatchNorm statistics, ...) and
+        # the RNG state back afterwards so capturing leaves no trace on the model.
+        with functorch_config.patch(enable_autograd_cache=False), torch.enable_grad(), \
+                _restore_buffers(model), torch.random.fork_rng(devices=_rng_devices()):
             compiled = torch.compile(step, backend=backend, fullgraph=True)
             try:
                 loss = compiled(model, args, kwargs)
@@ -291,7 +296,17 @@ def _capture_export(model: nn.Module, args: tuple, kwargs: dict, loss_fn: Callab
             except _dynamo_errors() as exc:
                 raise _graph_break_error(model, exc) from exc
             with contextlib.ExitStack() as stack:
-                joint_desc = aot_export_joint_with_descriptors(stack, traced, args, kwargs)
+                try:
+                    joint_desc = aot_export_joint_with_descriptors(stack, traced, args, kwargs)
+                except (
+                    torch._subclasses.fake_tensor.DataDependentOutputException,
+                    torch._subclasses.fake_tensor.DynamicOutputShapeException,
+                ) as exc:
+                    raise CaptureError(
+                        f"export route cannot trace {type(model).__name__}: {type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0]} (data-dependent values or output shapes); "
+                        "route='compile' handles these as unbacked SymInts"
+                    ) from exc
                 joint = joint_desc.graph_module
     finally:
         torch._dynamo.reset()
@@ -307,6 +322,24 @@ def _capture_export(model: nn.Module, args: tuple, kwargs: dict, loss_fn: Callab
         annotation=ann,
         capture_seconds=time.perf_counter() - t0,
     )
+
+
+@contextlib.contextmanager
+def _restore_buffers(model: nn.Module):
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, v in saved:
+                if b.shape == v.shape:
+                    b.copy_(v)
+
+
+def _rng_devices() -> list[int]:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return list(range(torch.cuda.device_count()))
+    return []
 
 
 def num_forward_outputs_from_descs(joint: fx.GraphModule) -> int | None:

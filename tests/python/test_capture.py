@@ -410,3 +410,70 @@ def test_export_route_matches_compile_route(captured, name):
     stacks_c = collections.Counter(tuple(n.meta["ac_module_stack"]) for n in comp.gm.graph.nodes if n.op == "call_function")
     stacks_e = collections.Counter(tuple(n.meta["ac_module_stack"]) for n in exp.gm.graph.nodes if n.op == "call_function")
     assert stacks_c == stacks_e
+
+
+# --------------------------------------------------------------------------
+# buffers, mutations, RNG, data-dependent shapes
+# --------------------------------------------------------------------------
+
+
+class _BatchNormNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.bn = nn.BatchNorm1d(8)
+
+    def forward(self, x):
+        return self.bn(self.lin(x)).pow(2).mean()
+
+
+@pytest.mark.parametrize("route", ["compile", "export"])
+def test_buffer_mutation_is_a_forward_output_and_model_is_restored(route):
+    torch.manual_seed(0)
+    model = _BatchNormNet()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    cg = capture_joint(model, torch.randn(4, 8), route=route)
+    # running_mean, running_var, num_batches_tracked written back + the loss
+    assert cg.num_fwd_outputs == 4
+    assert capture.num_forward_outputs_from_descs(cg.graph_module) == 4
+    sources = {v: cg.roles[k] for k, v in cg.annotation.sources.items()}
+    assert sources == {
+        "lin.weight": "parameter", "lin.bias": "parameter", "bn.weight": "parameter", "bn.bias": "parameter",
+        "bn.running_mean": "buffer", "bn.running_var": "buffer", "bn.num_batches_tracked": "buffer",
+    }
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, state[k]), k  # capturing changed nothing
+    out = next(n for n in cg.graph.nodes if n.op == "output")
+    for o in torch.utils._pytree.arg_tree_leaves(*out.args)[:4]:
+        assert o.meta["autograd_backward"] is False
+
+
+def test_rng_state_is_restored():
+    model = models.build("transformer", dropout=0.2)
+    before = torch.get_rng_state()
+    cg = capture_joint(model, **models.example_batch("transformer"))
+    assert torch.equal(torch.get_rng_state(), before)
+    assert any(n.target == torch.ops.aten.native_dropout.default for n in cg.graph.nodes)
+
+
+class _MaskedSum(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y[y > 0].sum()  # data-dependent output shape (nonzero)
+
+
+def test_data_dependent_shapes_compile_route_only():
+    from hyper_ac.serialize import serialize_graph
+
+    torch.manual_seed(0)
+    cg = capture_joint(_MaskedSum(), torch.randn(4, 8))
+    doc = serialize_graph(cg.graph_module)
+    index = next(n for n in doc["nodes"] if n["target"] == "aten::index.Tensor")
+    assert len(index["outputs"]) == 1 and index["outputs"][0]["shape"][0] <= 32  # unbacked size → hint
+    assert any(n["symint"] for n in doc["nodes"])
+    with pytest.raises(CaptureError, match="export route cannot trace _MaskedSum.*route='compile'"):
+        capture_joint(_MaskedSum(), torch.randn(4, 8), route="export")
