@@ -713,25 +713,18 @@ class _ModulePathResolver:
             self.prefix = self._infer_prefix(nodes)
 
     def _infer_prefix(self, nodes: list[fx.Node]) -> list[str]:
-        # Prefer an entry whose key is the id of the live root module; else the
-        # outermost entry that is a prefix of every path in the graph.
+        # With a model: the path of the stack entry that IS the model (keys are
+        # module ids). Without: the outermost entry dynamo recorded (the module
+        # it was called on). Path resolution tolerates a wrong guess with a model.
         for n in nodes:
             stack = n.meta.get("nn_module_stack")
             if not stack:
                 continue
-            for key, (path, _t) in stack.items():
-                if self.model is not None and self._id_of_key(key) == id(self.model):
-                    return normalize_module_path(path)
             if self.model is None:
-                first = next(iter(stack.values()))[0]
-                return normalize_module_path(first)
-            # with a model: the first entry whose path resolves after dropping leading tokens
-            for key, (path, _t) in stack.items():
-                toks = normalize_module_path(path)
-                for cut in range(len(toks) + 1):
-                    if ".".join(toks[cut:]) in self.fqns and self.fqn_by_id.get(self._id_of_key(key) or -1) is None:
-                        return toks[:cut]
-            return []
+                return normalize_module_path(next(iter(stack.values()))[0])
+            for key, value in stack.items():
+                if self._id_of_key(str(key)) == id(self.model):
+                    return normalize_module_path(value[0])
         return []
 
     @staticmethod
