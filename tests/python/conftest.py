@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import time
@@ -9,8 +10,18 @@ import time
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+if importlib.util.find_spec("hyper_ac") is None and ROOT not in sys.path:
+    sys.path.insert(0, ROOT)  # a plain source checkout without an install
+
+
+def pytest_report_header(config):
+    import hyper_ac
+
+    where = os.path.dirname(os.path.abspath(hyper_ac.__file__))
+    line = f"hyper_ac imported from {where}"
+    if not where.startswith(ROOT + os.sep):
+        line += f"  (WARNING: not this checkout {ROOT}; an install elsewhere shadows it)"
+    return line
 
 
 
