@@ -129,6 +129,7 @@ PlanResult make_plan(const Graph& graph, const PlanOptions& options) {
   sim_options.record_timeline = false;
   const SimulateResult before = simulate_memory(graph, nullptr, sim_options);
   result.stats.simulated_peak_before = before.peak_bytes_with_resident;
+  result.stats.simulated_activation_peak_before = before.peak_bytes;
 
   if (config.mode == Mode::Auto) {
     MinCutResult cut = solve_min_cut(graph, result.tags.policies, cut_options);
@@ -143,7 +144,9 @@ PlanResult make_plan(const Graph& graph, const PlanOptions& options) {
     pin_tuple_projections(graph, result.policies);
     result.remat = plan_remat(graph, result.policies);
   }
-  result.stats.simulated_peak_after = simulate_memory(graph, &result.remat, sim_options).peak_bytes_with_resident;
+  const SimulateResult after = simulate_memory(graph, &result.remat, sim_options);
+  result.stats.simulated_peak_after = after.peak_bytes_with_resident;
+  result.stats.simulated_activation_peak_after = after.peak_bytes;
   for (const auto& dup : result.remat.duplicates)
     result.stats.recompute_seconds += recompute_seconds(graph, dup.of, config.mincut.hardware);
 
@@ -289,6 +292,8 @@ std::string plan_to_json(const Graph& graph, const PlanResult& result) {
       {"lambda", ps.lambda},
       {"simulated_peak_before", ps.simulated_peak_before},
       {"simulated_peak_after", ps.simulated_peak_after},
+      {"simulated_activation_peak_before", ps.simulated_activation_peak_before},
+      {"simulated_activation_peak_after", ps.simulated_activation_peak_after},
       {"budget_bytes", ps.budget_bytes},
       {"budget_met", ps.budget_met},
   };

@@ -32,6 +32,10 @@ struct PlanStats {
   double lambda = 0.0;                       // min-cut modes: the λ of the chosen cut
   std::int64_t simulated_peak_before = 0;    // bytes, original graph
   std::int64_t simulated_peak_after = 0;     // bytes, rewritten graph
+  // The same peaks without resident values (parameters, buffers, inputs,
+  // tangents): what a measurement that starts after they exist sees.
+  std::int64_t simulated_activation_peak_before = 0;
+  std::int64_t simulated_activation_peak_after = 0;
   std::int64_t budget_bytes = 0;             // budget mode: the target
   bool budget_met = true;
   double recompute_seconds = 0.0;            // roofline estimate of the duplicates
