@@ -522,6 +522,22 @@ def serialize_graph(
             gc.enable()
 
 
+def _input_mutation_descs(graph: fx.Graph) -> list:
+    """Descriptors of the inputs the step writes (AOTAutograd input mutations).
+
+    Their new values are forward outputs copied into the inputs after the
+    forward, so a backward replay of a reader would see the written value.
+    """
+    try:
+        from torch._functorch._aot_autograd.descriptors import InputMutationAOTOutput
+    except ImportError:  # checked by tests/python/test_torch_compat.py
+        return []
+    for node in reversed(graph.nodes):
+        if node.op == "output":
+            return [d.mutated_input for d in node.meta.get("desc") or () if isinstance(d, InputMutationAOTOutput)]
+    return []
+
+
 def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_fallback: int,
                with_flops: bool) -> dict:
     graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
@@ -529,6 +545,7 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
     ids: dict[fx.Node, int] = {}
     backward_nodes: set[fx.Node] = set()
     out_nodes: list[dict] = []
+    mutated_descs = _input_mutation_descs(graph)
     for i, node in enumerate(graph.nodes):
         ids[node] = i
         op = node.op
@@ -561,6 +578,7 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
             "aliased_inputs": [],
             "role": _role_of(node),
             "subgraph": False,
+            "mutated": op == "placeholder" and node.meta.get("desc") in mutated_descs,
             "policy": _policy_name(node.meta.get("recompute")),
             "recomputed_from": None,
         }

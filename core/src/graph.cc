@@ -214,7 +214,7 @@ TensorFact parse_fact(const json& value, const std::string& where) {
 
 const std::unordered_set<std::string> kNodeKeys = {
     "id", "name", "kind", "target", "inputs", "phase", "outputs", "flops", "module_stack", "rng", "symint",
-    "collective", "view", "subgraph", "mutated_inputs", "aliased_inputs", "role", "policy", "recomputed_from"};
+    "collective", "view", "subgraph", "mutated", "mutated_inputs", "aliased_inputs", "role", "policy", "recomputed_from"};
 
 std::string stack_key(const std::vector<ModuleFrame>& frames) {
   std::string key;
@@ -326,6 +326,7 @@ LoadResult load_graph(const std::string& json_text, const LoadOptions& options) 
     node.collective = get_bool(raw, "collective", where);
     node.view = get_bool(raw, "view", where);
     node.subgraph = get_bool(raw, "subgraph", where);
+    node.mutated = get_bool(raw, "mutated", where);
     node.mutated_inputs = get_positions(raw, "mutated_inputs", node.inputs.size(), where);
     node.aliased_inputs = get_positions(raw, "aliased_inputs", node.inputs.size(), where);
     auto role = raw.find("role");
@@ -336,6 +337,7 @@ LoadResult load_graph(const std::string& json_text, const LoadOptions& options) 
     if (from != raw.end() && !from->is_null()) node.recomputed_from = get_string(*from, "recomputed_from", where);
 
     if (node.kind == NodeKind::Placeholder && !node.inputs.empty()) fail(where, "a placeholder cannot have inputs");
+    if (node.mutated && node.kind != NodeKind::Placeholder) fail(where, "'mutated' is only meaningful on placeholders (use 'mutated_inputs' on the writing op)");
     graph.nodes.push_back(std::move(node));
   }
 
@@ -385,6 +387,7 @@ std::string graph_to_json(const Graph& graph) {
     raw["collective"] = node.collective;
     raw["view"] = node.view;
     raw["subgraph"] = node.subgraph;
+    raw["mutated"] = node.mutated;
     raw["mutated_inputs"] = node.mutated_inputs;
     raw["aliased_inputs"] = node.aliased_inputs;
     raw["role"] = to_string(node.role);
@@ -436,6 +439,7 @@ std::string print_graph(const Graph& graph, const PrintOptions& options) {
     flag(node.view, "view");
     flag(node.subgraph, "subgraph");
     flag(!node.mutated_inputs.empty(), "mutates");
+    flag(node.mutated, "mutated");
     if (node.role != Role::Activation) flags += (flags.empty() ? "" : ",") + std::string(to_string(node.role));
     if (!node.recomputed_from.empty()) flags += (flags.empty() ? "dup:" : ",dup:") + node.recomputed_from;
     if (!flags.empty()) out << " {" << flags << '}';

@@ -147,8 +147,20 @@ PlanResult make_plan(const Graph& graph, const PlanOptions& options) {
   const SimulateResult after = simulate_memory(graph, &result.remat, sim_options);
   result.stats.simulated_peak_after = after.peak_bytes_with_resident;
   result.stats.simulated_activation_peak_after = after.peak_bytes;
-  for (const auto& dup : result.remat.duplicates)
+  std::vector<char> duplicated(graph.nodes.size(), 0);
+  for (const auto& dup : result.remat.duplicates) {
     result.stats.recompute_seconds += recompute_seconds(graph, dup.of, config.mincut.hardware);
+    duplicated[static_cast<std::size_t>(dup.of)] = 1;
+  }
+  std::vector<char> rebuilt(graph.nodes.size(), 0);
+  for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
+    if (!result.scope.node_excluded[i] || !graph.nodes[i].is_forward()) continue;
+    for (auto input : graph.nodes[i].inputs)
+      if (duplicated[static_cast<std::size_t>(input)] && !rebuilt[static_cast<std::size_t>(input)]) {
+        rebuilt[static_cast<std::size_t>(input)] = 1;
+        ++result.stats.rebuilt_for_exclude;
+      }
+  }
 
   bool already_rematted = false;
   for (const auto& node : graph.nodes) already_rematted = already_rematted || !node.recomputed_from.empty();
@@ -285,7 +297,7 @@ std::string plan_to_json(const Graph& graph, const PlanResult& result) {
       {"saved_collective", ts.saved_collective},
       {"saved_inplace", ts.saved_inplace},
       {"saved_cross_unit", ts.saved_cross_unit},
-      {"rebuilt_for_exclude", ts.rebuilt_for_exclude},
+      {"rebuilt_for_exclude", ps.rebuilt_for_exclude},
       {"units", ps.units},
       {"selected_units", ps.selected_units},
       {"regions", ps.regions},

@@ -96,6 +96,8 @@ struct Tagger {
     std::vector<std::int32_t> mutated_bases;
     for (std::size_t i = 0; i < n; ++i) {
       const Node& node = graph.nodes[i];
+      // An input the step writes back after the forward: a replay would read the new value.
+      if (node.mutated) mutated_bases.push_back(static_cast<std::int32_t>(i));
       if (!node.is_forward() || node.mutated_inputs.empty()) continue;
       for (auto position : node.mutated_inputs) mutated_bases.push_back(node.inputs[static_cast<std::size_t>(position)]);
       if (result.policies[i] == Policy::None) continue;
@@ -189,16 +191,6 @@ struct Tagger {
     }
   }
 
-  // Exclusions rebuild their recompute-region inputs in backward instead of
-  // keeping them: count them so the log can say so.
-  void count_rebuilt_inputs() {
-    for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
-      if (!scope.node_excluded[i] || !graph.nodes[i].is_forward()) continue;
-      for (auto input : graph.nodes[i].inputs)
-        if (is_recompute(result.policies[static_cast<std::size_t>(input)])) ++result.stats.rebuilt_for_exclude;
-    }
-  }
-
   void count() {
     for (auto policy : result.policies) {
       switch (policy) {
@@ -224,7 +216,6 @@ TagResult tag_policies(const Graph& graph, const Scope& scope, const TagOptions&
   tagger.tag_by_policy();
   tagger.tag_inplace();
   tagger.tag_cross_unit();
-  tagger.count_rebuilt_inputs();
   tagger.count();
   return std::move(tagger.result);
 }

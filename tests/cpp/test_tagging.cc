@@ -191,7 +191,7 @@ TEST_CASE("exclusions never recompute and rebuild their inputs in backward", "[t
   CHECK(p.count("act") == 0);
   CHECK(p["a2a"] == "MUST_SAVE");
   CHECK(p["norm"] == "MUST_RECOMPUTE");
-  CHECK(r.tags.stats.rebuilt_for_exclude == 0);  // the excluded op reads a saved collective
+  CHECK(r.stats.rebuilt_for_exclude == 0);  // the excluded op reads a saved collective
   CHECK(matches_golden("tag_exclude", annotated(b, r)));
 
   // Without the collective in between, the excluded op's input is rebuilt.
@@ -208,7 +208,7 @@ TEST_CASE("exclusions never recompute and rebuild their inputs in backward", "[t
   c.model("Net", {{"layers.0", "Block"}, {"layers.0.norm", "Norm"}, {"layers.0.proj", "Linear"}, {"layers.0.proj2", "Linear"}},
           {{"layers.0", "Block"}});
   auto rc = run(c, R"({"activation_checkpoint": {"mode": "full", "regions": {"exclude": ["*.proj", "*.proj2"]}}})");
-  CHECK(rc.tags.stats.rebuilt_for_exclude == 1);
+  CHECK(rc.stats.rebuilt_for_exclude == 1);
   Graph g = c.graph();
   REQUIRE(rc.remat.duplicates.size() == 1);
   CHECK(g.nodes[static_cast<std::size_t>(rc.remat.duplicates[0].of)].name == "norm");
@@ -217,6 +217,34 @@ TEST_CASE("exclusions never recompute and rebuild their inputs in backward", "[t
   for (auto s : rc.remat.saved) saved.push_back(g.nodes[static_cast<std::size_t>(s)].name);
   CHECK(std::find(saved.begin(), saved.end(), "norm") == saved.end());
   CHECK(std::find(saved.begin(), saved.end(), "mm") != saved.end());
+}
+
+TEST_CASE("readers of an input the step mutates are saved", "[tagging][golden]") {
+  // AOTAutograd's buffer update: new = add(buf, 1) is a forward output copied
+  // into buf after the forward; a replay of `scaled` would read the new value.
+  GraphBuilder b;
+  b.placeholder("x");
+  GraphBuilder::NodeSpec buf;
+  buf.kind = "placeholder";
+  buf.target = "buf";
+  buf.role = "buffer";
+  buf.extra = {{"mutated", true}};
+  b.add("buf", buf);
+  b.op("new_buf", "aten::add.Tensor", {"buf"}, "layers.0")
+      .op("scaled", "aten::mul.Tensor", {"x", "new_buf"}, "layers.0")
+      .op("other", "aten::sin.default", {"x"}, "layers.0")
+      .op("out", "aten::add.Tensor", {"scaled", "other"}, "layers.0");
+  b.placeholder("t", "tangent", 4, "backward")
+      .bwd("g", "aten::mul.Tensor", {"t", "new_buf"})
+      .bwd("g2", "aten::mul.Tensor", {"g", "other"})
+      .output({"new_buf", "out", "g2"});
+  b.model("Net", {{"layers.0", "Block"}}, {{"layers.0", "Block"}});
+  auto r = run(b, kFull);
+  auto p = policies(b, r);
+  CHECK(p["new_buf"] == "MUST_SAVE");
+  CHECK(p["scaled"] == "MUST_RECOMPUTE");  // reads the saved new value, not the buffer
+  CHECK(p["other"] == "MUST_RECOMPUTE");
+  CHECK(matches_golden("tag_mutated_input", annotated(b, r)));
 }
 
 TEST_CASE("adapter regions narrow units and pull exclusions out", "[tagging]") {

@@ -331,3 +331,27 @@ def test_collective_namespace():
     g = fx.Graph()
     x = g.placeholder("x")
     assert not is_not_collective(g.call_function(op, (x, "sum", "0")))
+
+
+def test_input_mutations_are_described_on_the_output_node():
+    from torch import nn
+    from torch._functorch._aot_autograd.descriptors import InputMutationAOTOutput
+
+    from hyper_ac.capture import capture_joint
+
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+            self.register_buffer("scale", torch.ones(4))
+
+        def forward(self, x):
+            self.scale.add_(1.0)
+            return (self.proj(x) * self.scale).sum()
+
+    gm = capture_joint(Scaled(), torch.randn(2, 4)).graph_module
+    out = [n for n in gm.graph.nodes if n.op == "output"][0]
+    mutations = [d for d in out.meta["desc"] if isinstance(d, InputMutationAOTOutput)]
+    assert len(mutations) == 1
+    placeholders = {n.meta.get("desc"): n for n in gm.graph.nodes if n.op == "placeholder"}
+    assert mutations[0].mutated_input in placeholders

@@ -56,6 +56,10 @@ struct Node {
   bool collective = false;
   bool view = false;
   bool subgraph = false;
+  // A placeholder the step writes (an AOTAutograd input mutation: the new
+  // value is a forward output, copied into the input after the forward), so a
+  // backward replay would read the written value.
+  bool mutated = false;
   std::vector<std::int32_t> mutated_inputs;  // positions into `inputs`
   std::vector<std::int32_t> aliased_inputs;  // positions into `inputs`
   Role role = Role::Activation;

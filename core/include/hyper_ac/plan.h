@@ -39,6 +39,9 @@ struct PlanStats {
   std::int64_t budget_bytes = 0;             // budget mode: the target
   bool budget_met = true;
   double recompute_seconds = 0.0;            // roofline estimate of the duplicates
+  // Inputs of excluded nodes that the backward rebuilds (duplicated) instead
+  // of keeping them from the forward.
+  std::size_t rebuilt_for_exclude = 0;
 };
 
 struct PlanResult {

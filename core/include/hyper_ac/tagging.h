@@ -31,7 +31,6 @@ struct TagStats {
   std::size_t saved_collective = 0;
   std::size_t saved_inplace = 0;
   std::size_t saved_cross_unit = 0;
-  std::size_t rebuilt_for_exclude = 0;  // excluded-op inputs recomputed instead of kept
 };
 
 struct TagResult {
