@@ -2,6 +2,10 @@
 #include <pybind11/pybind11.h>
 
 #include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <pybind11/stl.h>
 
 #include "hyper_ac/config.h"
 #include "hyper_ac/graph.h"
@@ -82,6 +86,29 @@ PYBIND11_MODULE(_core, m) {
     return frontier_to_json(plan_frontier(loaded.graph, plan_options(config_json, op_policy_json)));
   }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = "",
      "The saved-bytes / recompute-cost frontier across lambda, with simulated peaks (JSON list).");
+
+  m.def("score_recompute_set", [](const std::string& graph_json, const std::vector<std::string>& names,
+                                  const std::string& config_json) {
+    auto loaded = load_graph(graph_json);
+    Config config = parse_config(config_json);
+    std::unordered_map<std::string, std::int32_t> index;
+    for (std::size_t i = 0; i < loaded.graph.nodes.size(); ++i) index.emplace(loaded.graph.nodes[i].name, static_cast<std::int32_t>(i));
+    std::vector<std::int32_t> recomputed;
+    for (const auto& name : names) {
+      auto it = index.find(name);
+      if (it == index.end()) throw std::invalid_argument("score_recompute_set: no node named '" + name + "'");
+      recomputed.push_back(it->second);
+    }
+    auto s = score_recompute_set(loaded.graph, recomputed, config.mincut.hardware);
+    py::dict d;
+    d["saved_bytes"] = s.saved_bytes;
+    d["recompute_seconds"] = s.recompute_seconds;
+    d["recompute_flops"] = s.recompute_flops;
+    d["nodes_duplicated"] = s.nodes_duplicated;
+    d["simulated_peak_bytes"] = s.simulated_peak_bytes;
+    return d;
+  }, py::arg("graph_json"), py::arg("recomputed"), py::arg("config_json") = "{}",
+     "Score a recompute set chosen elsewhere (saved bytes, roofline time, simulated peak) like a plan.");
 
   m.def("print_plan", [](const std::string& graph_json, const std::string& config_json, const std::string& op_policy_json) {
     auto loaded = load_graph(graph_json);

@@ -206,6 +206,30 @@ std::vector<FrontierPoint> plan_frontier(const Graph& graph, const PlanOptions& 
   return points;
 }
 
+RecomputeScore score_recompute_set(const Graph& graph, const std::vector<std::int32_t>& recomputed,
+                                   const HardwareProfile& hardware) {
+  std::vector<Policy> policies(graph.nodes.size(), Policy::None);
+  for (auto i : recomputed) {
+    if (i < 0 || static_cast<std::size_t>(i) >= graph.nodes.size())
+      throw std::invalid_argument("score_recompute_set: node index " + std::to_string(i) + " is outside the graph");
+    const Node& node = graph.nodes[static_cast<std::size_t>(i)];
+    if (!node.is_forward() || node.kind != NodeKind::CallFunction)
+      throw std::invalid_argument("score_recompute_set: '" + node.name + "' is not a forward call_function node");
+    policies[static_cast<std::size_t>(i)] = Policy::MustRecompute;
+  }
+  pin_tuple_projections(graph, policies);
+  RematPlan plan = plan_remat(graph, policies);
+  SimulateOptions sim_options;
+  sim_options.record_timeline = false;
+  RecomputeScore score;
+  score.saved_bytes = plan.stats.saved_bytes_after;
+  score.recompute_flops = plan.stats.recompute_flops;
+  score.nodes_duplicated = plan.duplicates.size();
+  for (const auto& dup : plan.duplicates) score.recompute_seconds += recompute_seconds(graph, dup.of, hardware);
+  score.simulated_peak_bytes = simulate_memory(graph, &plan, sim_options).peak_bytes_with_resident;
+  return score;
+}
+
 std::string frontier_to_json(const std::vector<FrontierPoint>& points) {
   json out = json::array();
   for (const auto& p : points)

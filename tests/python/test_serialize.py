@@ -39,6 +39,7 @@ NODE_FIELDS = {
     "aliased_inputs": (False, lambda v: isinstance(v, list)),
     "role": (False, lambda v: v in ("activation", "parameter", "buffer", "input", "tangent")),
     "subgraph": (False, lambda v: isinstance(v, bool)),
+    "mutated": (False, lambda v: isinstance(v, bool)),
     "policy": (False, lambda v: v is None or v in ("MUST_SAVE", "PREFER_SAVE", "MUST_RECOMPUTE", "PREFER_RECOMPUTE")),
     "recomputed_from": (False, lambda v: v is None or isinstance(v, str)),
 }
@@ -557,3 +558,28 @@ def test_core_rejects_broken_documents(captured):
     bad["nodes"][10]["aliased_inputs"] = [5]  # position out of range
     with pytest.raises(ValueError):
         core.roundtrip(json.dumps(bad))
+
+
+def test_input_mutation_marks_the_written_placeholder():
+    import torch
+    from torch import nn
+
+    from hyper_ac.capture import capture_joint
+    from hyper_ac.serialize import serialize_graph
+
+    class Counter(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+            self.register_buffer("steps", torch.zeros(4))
+
+        def forward(self, x):
+            self.steps.add_(1.0)
+            return (self.proj(x) + self.steps).sum()
+
+    model = Counter()
+    doc = serialize_graph(capture_joint(model, torch.randn(2, 4)).graph_module, model)
+    check_doc(doc)
+    mutated = [n for n in doc["nodes"] if n["mutated"]]
+    assert [n["role"] for n in mutated] == ["buffer"]
+    assert all(n["kind"] == "placeholder" for n in mutated)

@@ -74,6 +74,19 @@ struct FrontierPoint {
 std::vector<FrontierPoint> plan_frontier(const Graph& graph, const PlanOptions& options);
 std::string frontier_to_json(const std::vector<FrontierPoint>& points);
 
+// Scores a recompute set chosen elsewhere (e.g. by PyTorch's partitioner) with
+// the same yardsticks as a plan: saved bytes by storage, roofline recompute
+// time, simulated peak. `recomputed` are forward call_function nodes.
+struct RecomputeScore {
+  std::int64_t saved_bytes = 0;
+  double recompute_seconds = 0.0;
+  double recompute_flops = 0.0;
+  std::size_t nodes_duplicated = 0;
+  std::int64_t simulated_peak_bytes = 0;
+};
+RecomputeScore score_recompute_set(const Graph& graph, const std::vector<std::int32_t>& recomputed,
+                                   const HardwareProfile& hardware);
+
 std::string plan_to_json(const Graph& graph, const PlanResult& result);
 
 // Per-node "POLICY (reason)" strings for print_graph annotations / golden files.
