@@ -55,10 +55,17 @@ def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: s
             return min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
         return partition_joint(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
 
+    decompositions = None
     if compiler == "inductor":
-        from torch._inductor.compile_fx import compile_fx_inner
+        import functools
 
-        fw_compiler = bw_compiler = compile_fx_inner
+        from torch._inductor.compile_fx import compile_fx_inner
+        from torch._inductor.decomposition import select_decomp_table
+
+        # Inductor lowers from its own decomposition table; the joint graph must be traced with it.
+        decompositions = select_decomp_table()
+        fw_compiler = compile_fx_inner
+        bw_compiler = functools.partial(compile_fx_inner, is_backward=True)
     else:
 
         def run_as_fx(gm: fx.GraphModule, _example_inputs: Any):
@@ -66,4 +73,5 @@ def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: s
 
         fw_compiler = bw_compiler = run_as_fx
 
-    return aot_autograd(fw_compiler=fw_compiler, bw_compiler=bw_compiler, partition_fn=partition_fn)
+    return aot_autograd(fw_compiler=fw_compiler, bw_compiler=bw_compiler, partition_fn=partition_fn,
+                        decompositions=decompositions)
