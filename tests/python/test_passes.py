@@ -300,3 +300,49 @@ def test_inductor_compiles_the_rewritten_graphs():
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
     for name in ref_grads:
         torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-4, atol=1e-6)
+
+
+def _apply_subgraph(sub, x):
+    return sub(x)
+
+
+def test_duplicates_get_private_subgraph_references():
+    # A higher-order op reads its body through get_attr; each duplicate gets its
+    # own get_attr so a later regional compiler never shares a body across regions.
+    body = torch.fx.symbolic_trace(nn.Tanh())
+    root = nn.Module()
+    root.body = body
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    tangent = graph.placeholder("tangents_1")
+    units = []
+    h = x
+    for i in range(2):
+        attr = graph.get_attr("body")
+        y = graph.call_function(_apply_subgraph, (attr, h))
+        h = graph.call_function(torch.ops.aten.sin.default, (y,))
+        units.append((attr, y, h))
+    loss = graph.call_function(torch.ops.aten.sum.default, (h,))
+    g = graph.call_function(torch.ops.aten.mul.Tensor, (tangent, units[1][1]))
+    graph.output((loss, g))
+    gm = torch.fx.GraphModule(root, graph)
+    example = torch.randn(4)
+    backward = {tangent, g, next(n for n in graph.nodes if n.op == "output")}
+    for node in gm.graph.nodes:
+        node.meta["autograd_backward"] = node in backward
+        node.meta["val"] = example if node.op != "output" else None
+        if node.op == "placeholder":
+            node.meta["ac_role"] = "tangent" if node is tangent else "input"
+    for i, (attr, y, h) in enumerate(units):
+        for node in (attr, y, h):
+            node.meta["ac_module_stack"] = [(f"layers.{i}", "Block")]
+    ac = ActivationCheckpointPass({"ac_mode": "full"})
+    ac.run(gm)
+    dup = [n for n in gm.graph.nodes if n.meta.get("ac_recomputed") and n.target is _apply_subgraph]
+    assert len(dup) == 1
+    dup_attr = dup[0].args[0]
+    assert dup_attr.op == "get_attr" and dup_attr.target == "body"
+    assert dup_attr is not units[1][0]
+    assert dup_attr.meta["autograd_backward"]
+    assert ac.result.plan["duplicates"][0]["private_get_attrs"] == [units[1][0].name]
+    gm.graph.lint()
