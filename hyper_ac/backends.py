@@ -43,8 +43,12 @@ def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: s
     if model is not None:
         apply_adapter_hook(model)
 
+    # dynamo's real graph inputs (parameters included) for the graph being
+    # compiled: they let annotate_joint tell parameters, buffers and inputs apart.
+    current: dict = {}
+
     def partition_fn(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any):
-        annotate_joint(joint, num_fwd_outputs, model=model)
+        annotate_joint(joint, num_fwd_outputs, model=model, example_inputs=current.get("example_inputs"))
         ac_pass = ActivationCheckpointPass(cfg, tag_only=tag_only)
         ac_pass.run(joint, model=model)
         if on_result is not None:
@@ -73,5 +77,15 @@ def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: s
 
         fw_compiler = bw_compiler = run_as_fx
 
-    return aot_autograd(fw_compiler=fw_compiler, bw_compiler=bw_compiler, partition_fn=partition_fn,
-                        decompositions=decompositions)
+    aot_backend = aot_autograd(fw_compiler=fw_compiler, bw_compiler=bw_compiler, partition_fn=partition_fn,
+                               decompositions=decompositions)
+
+    def compile_graph(gm: fx.GraphModule, example_inputs: list):
+        import torch._functorch.config as functorch_config
+
+        current["example_inputs"] = list(example_inputs)
+        # A cache hit would skip partition_fn, and with it this config's plan.
+        with functorch_config.patch(enable_autograd_cache=False):
+            return aot_backend(gm, example_inputs)
+
+    return compile_graph
