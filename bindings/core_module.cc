@@ -30,7 +30,8 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "hyper_ac C++ core: graph loading, tagging, remat planning (torch-free)";
   py::register_exception<GraphError>(m, "GraphError", PyExc_ValueError);
   py::register_exception<ConfigError>(m, "ConfigError", PyExc_ValueError);
-  py::register_exception<ScopeError>(m, "ScopeError", PyExc_ValueError);
+  auto scope_error = py::register_exception<ScopeError>(m, "ScopeError", PyExc_ValueError);
+  py::register_exception<NoUnitsError>(m, "NoUnitsError", scope_error.ptr());
   py::register_exception<PlanError>(m, "PlanError", PyExc_RuntimeError);
   py::register_exception<MinCutError>(m, "MinCutError", PyExc_ValueError);
   m.attr("GRAPH_FORMAT_VERSION") = kGraphFormatVersion;

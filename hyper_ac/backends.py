@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any, Callable, Optional
 
 import torch
 from torch import fx
 
+from hyper_ac import _core
 from hyper_ac.config import apply_adapter_hook, load_config
 from hyper_ac.partition import partition_joint
 from hyper_ac.passes import ActivationCheckpointPass
@@ -50,7 +52,13 @@ def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: s
     def partition_fn(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any):
         annotate_joint(joint, num_fwd_outputs, model=model, example_inputs=current.get("example_inputs"))
         ac_pass = ActivationCheckpointPass(cfg, tag_only=tag_only)
-        ac_pass.run(joint, model=model)
+        try:
+            ac_pass.run(joint, model=model)
+        except _core.NoUnitsError as error:
+            # With graph breaks, a piece of the step (say, only the loss) may hold
+            # no block at all: that piece trains without checkpointing.
+            warnings.warn(f"hyper_ac: this graph is left without activation checkpointing: {error}", stacklevel=2)
+            return partition_joint(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
         if on_result is not None:
             on_result(ac_pass.result)
         if tag_only:

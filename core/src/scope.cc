@@ -50,7 +50,12 @@ std::vector<ModuleFrame> units_from_stacks(const Graph& graph) {
   std::map<std::string, std::map<std::string, std::vector<std::string>>> children;  // parent -> type -> fqns
   for (const auto& fqn : first_seen) {
     std::string parent = parent_of(fqn);
-    if (parent.empty() || frames.count(parent)) continue;  // parent ran a forward: not a container
+    if (parent.empty()) continue;
+    // A ModuleList/ModuleDict never runs a forward of its own, so it is never
+    // a frame; a Sequential does, and is recognised by its type. Any other
+    // parent that ran a forward is a module with fields, not a container.
+    auto parent_frame = frames.find(parent);
+    if (parent_frame != frames.end() && parent_frame->second != "Sequential") continue;
     children[parent][frames[fqn]].push_back(fqn);
   }
   std::vector<std::pair<std::string, std::vector<std::string>>> groups;
@@ -122,19 +127,23 @@ std::int32_t find_root(const std::unordered_map<std::string, std::int32_t>& root
 
 Scope resolve_scope(const Graph& graph, const ScopeOptions& options) {
   Scope scope;
-  if (graph.model.present) {
-    if (graph.model.units.empty())
-      throw ScopeError("model " + (graph.model.type.empty() ? std::string("(unnamed)") : graph.model.type) +
-                       " has no module with a 'gradient_checkpointing' attribute holding a non-empty container of "
-                       "blocks (ModuleList/ModuleDict/Sequential); activation checkpointing cannot find its layers");
+  if (graph.model.present && !graph.model.units.empty()) {
     scope.units = graph.model.units;
     scope.units_from_model = true;
   } else {
+    // No live model, or one without the gradient_checkpointing marker: the
+    // repeated blocks are read off the module stacks.
     scope.units = units_from_stacks(graph);
-    if (scope.units.empty())
-      throw ScopeError(
-          "no units found: the graph carries no live-model facts (serialise with model=...) and its module stacks "
-          "show no container with two or more children of one module type");
+    if (scope.units.empty()) {
+      std::string model = graph.model.present
+                              ? "model " + (graph.model.type.empty() ? std::string("(unnamed)") : graph.model.type) +
+                                    " has no module with a 'gradient_checkpointing' attribute holding a non-empty "
+                                    "container of blocks (ModuleList/ModuleDict/Sequential), and "
+                              : "the graph carries no live-model facts (serialise with model=...) and ";
+      throw NoUnitsError("no units found: " + model +
+                       "its module stacks show no container with two or more children of one module type; "
+                       "activation checkpointing cannot find the layers to checkpoint");
+    }
   }
 
   const auto unit_count = static_cast<std::int64_t>(scope.units.size());

@@ -37,7 +37,26 @@ TEST_CASE("a graph with neither model facts nor repeated blocks is an error", "[
   b.placeholder("x").op("a", "aten::relu.default", {"x"}, "encoder").output({"a"});
   CHECK_THROWS_WITH(resolve_scope(b.graph(), {}), Catch::Contains("no units found") && Catch::Contains("model="));
   b.model("Net", {{"encoder", "Enc"}}, {});
-  CHECK_THROWS_WITH(resolve_scope(b.graph(), {}), Catch::Contains("gradient_checkpointing"));
+  CHECK_THROWS_WITH(resolve_scope(b.graph(), {}), Catch::Contains("gradient_checkpointing") && Catch::Contains("module stacks"));
+}
+
+TEST_CASE("a live model without the marker falls back to the module stacks; Sequential is a container", "[scope]") {
+  GraphBuilder b;
+  b.placeholder("x");
+  GraphBuilder::NodeSpec spec;
+  for (int i = 0; i < 3; ++i) {
+    spec.target = "aten::relu.default";
+    spec.inputs = {i == 0 ? std::string("x") : "r" + std::to_string(i - 1)};
+    spec.extra = {{"module_stack", {{{"fqn", "layer1." + std::to_string(i)}, {"type", "BasicBlock"}},
+                                    {{"fqn", "layer1"}, {"type", "Sequential"}}}}};
+    b.add("r" + std::to_string(i), spec);
+  }
+  b.output({"r2"});
+  b.model("CNN", {{"layer1", "Sequential"}, {"layer1.0", "BasicBlock"}}, {});
+  Scope s = resolve_scope(b.graph(), {});
+  CHECK_FALSE(s.units_from_model);
+  REQUIRE(s.units.size() == 3);
+  CHECK(s.units[2].fqn == "layer1.2");
 }
 
 TEST_CASE("layer selection", "[scope]") {

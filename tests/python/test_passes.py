@@ -346,3 +346,64 @@ def test_duplicates_get_private_subgraph_references():
     assert dup_attr.meta["autograd_backward"]
     assert ac.result.plan["duplicates"][0]["private_get_attrs"] == [units[1][0].name]
     gm.graph.lint()
+
+
+class _ConvBlock(nn.Module):
+    def __init__(self, channels):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+        self.bn = nn.BatchNorm2d(channels)
+
+    def forward(self, x):
+        return torch.relu(x + self.bn(self.conv(x)))
+
+
+class _SmallResNet(nn.Module):
+    """No gradient_checkpointing marker; blocks in an nn.Sequential; BatchNorm updates buffers."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.layer1 = nn.Sequential(_ConvBlock(8), _ConvBlock(8), _ConvBlock(8))
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x, y):
+        return nn.functional.cross_entropy(self.head(self.layer1(self.stem(x)).mean((2, 3))), y)
+
+
+@pytest.mark.parametrize("mode", ["full", "auto"])
+def test_unmarked_cnn_with_batchnorm(mode):
+    torch.manual_seed(0)
+    model = _SmallResNet()
+    batch = {"x": torch.randn(4, 3, 16, 16), "y": torch.randint(0, 10, (4,))}
+    reference_model = copy.deepcopy(model)
+    reference = _eager_step(reference_model, batch)
+    trained = copy.deepcopy(model)
+    loss, grads, results = _compiled_step(trained, batch, {"ac_mode": mode})
+    _assert_same(reference, (loss, grads))
+    # Running statistics are input mutations: updated once, never read by a replay.
+    for a, b in zip(reference_model.buffers(), trained.buffers()):
+        assert torch.equal(a, b)
+    assert results[0].plan["regions"] == [
+        {"fqn": f"layer1.{i}", "output_recompute": False} for i in range(3)]
+    assert results[0].stats["nodes_duplicated"] > 0
+
+
+def test_graph_without_blocks_trains_with_a_warning():
+    trained = nn.Sequential(nn.Linear(8, 8), nn.Tanh())  # two children of different types: no unit
+    x = torch.randn(4, 8)
+    reference = copy.deepcopy(trained)
+    ref_loss = reference(x).sum()
+    ref_loss.backward()
+    compiled = torch.compile(trained, backend=hyper_ac.backend({"ac_mode": "full"}), fullgraph=True)
+    with pytest.warns(UserWarning, match="left without activation checkpointing: no units found"):
+        loss = compiled(x).sum()
+    loss.backward()
+    torch._dynamo.reset()
+    assert torch.equal(loss, ref_loss)
+    for a, b in zip(reference.parameters(), trained.parameters()):
+        assert torch.equal(a.grad, b.grad)
+    # The pass itself, asked directly, says what it looked for.
+    gm = capture_joint(nn.Sequential(nn.Linear(8, 8), nn.Tanh()), x).graph_module
+    with pytest.raises(ValueError, match="no units found.*module stacks"):
+        ActivationCheckpointPass({"ac_mode": "full"}).run(gm)

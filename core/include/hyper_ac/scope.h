@@ -18,6 +18,13 @@ class ScopeError : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// No unit could be found at all (neither live-model facts nor repeated blocks
+// on the module stacks). A compile backend may skip such a graph with a warning.
+class NoUnitsError : public ScopeError {
+ public:
+  using ScopeError::ScopeError;
+};
+
 struct ScopeOptions {
   // Leading prefix of the flattened unit list to select; unset = all units.
   std::optional<std::int64_t> layer_count;
