@@ -138,8 +138,12 @@ def load_config(source: Union[str, os.PathLike, Mapping[str, Any], Config, None]
         label = "<none>"
     elif isinstance(source, (str, os.PathLike)):
         path = Path(source)
-        if not path.exists() and not os.path.isabs(path) and (CONFIG_DIR / path).exists():
-            path = CONFIG_DIR / path
+        if not path.exists() and not path.is_absolute():
+            # "selective.yaml" or "configs/selective.yaml" from any working directory.
+            for candidate in (CONFIG_DIR / path, CONFIG_DIR.parent / path):
+                if candidate.exists():
+                    path = candidate
+                    break
         if not path.exists():
             raise ConfigError(f"config file '{source}' does not exist (presets live in {CONFIG_DIR})")
         data = _read_yaml(path)

@@ -407,3 +407,23 @@ def test_graph_without_blocks_trains_with_a_warning():
     gm = capture_joint(nn.Sequential(nn.Linear(8, 8), nn.Tanh()), x).graph_module
     with pytest.raises(ValueError, match="no units found.*module stacks"):
         ActivationCheckpointPass({"ac_mode": "full"}).run(gm)
+
+
+def test_dynamic_shapes_one_compile_serves_two_lengths():
+    model = models.build("transformer")
+    reference, trained = copy.deepcopy(model), copy.deepcopy(model)
+    results: list = []
+    compiled = torch.compile(trained, backend=hyper_ac.backend({"ac_mode": "selective"}, model=trained,
+                                                              on_result=results.append), dynamic=True, fullgraph=True)
+    torch._dynamo.reset()
+    for seq in (16, 24):
+        batch = models.example_batch("transformer", seq=seq)
+        for p in list(reference.parameters()) + list(trained.parameters()):
+            p.grad = None
+        ref = _eager_step(reference, batch)
+        loss, _ = _eager_step(compiled, batch)
+        grads = {n: p.grad.clone() for n, p in trained.named_parameters()}
+        _assert_same(ref, (loss, grads))
+    torch._dynamo.reset()
+    assert len(results) == 1  # the symbolic graph was planned once
+    assert results[0].stats["saved_symint"] > 0  # sizes are saved, never replayed
