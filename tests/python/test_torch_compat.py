@@ -355,3 +355,22 @@ def test_input_mutations_are_described_on_the_output_node():
     assert len(mutations) == 1
     placeholders = {n.meta.get("desc"): n for n in gm.graph.nodes if n.op == "placeholder"}
     assert mutations[0].mutated_input in placeholders
+
+
+def test_pass_and_backend_apis():
+    from torch._functorch import compile_utils, partitioners
+    from torch._functorch.aot_autograd import make_boxed_func
+    from torch._inductor.compile_fx import _CompileFxKwargs, compile_fx_inner
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    assert {p.name for p in CheckpointPolicy} >= {"MUST_SAVE", "PREFER_SAVE", "MUST_RECOMPUTE", "PREFER_RECOMPUTE"}
+    assert callable(getattr(compile_utils, "raise_getitems"))
+    params = inspect.signature(partitioners._extract_fwd_bwd_modules).parameters
+    for name in ("joint_module", "saved_values", "saved_sym_nodes", "num_fwd_outputs", "static_lifetime_input_nodes"):
+        assert name in params
+    assert callable(partitioners.is_sym_node)
+    assert "num_fwd_outputs" in inspect.signature(partitioners.min_cut_rematerialization_partition).parameters
+    assert callable(make_boxed_func)
+    assert callable(compile_fx_inner) and "is_backward" in _CompileFxKwargs.__annotations__
+    assert isinstance(select_decomp_table(), dict)
