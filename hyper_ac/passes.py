@@ -206,7 +206,6 @@ class ActivationCheckpointPass:
         result.apply_seconds = time.perf_counter() - t0
         for diagnostic in result.diagnostics:
             if diagnostic["level"] == "warning":
-                _LOG.warning("%s", diagnostic["message"])
                 warnings.warn(diagnostic["message"], stacklevel=2)
             else:
                 _LOG.info("%s", diagnostic["message"])

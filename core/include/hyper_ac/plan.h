@@ -19,6 +19,7 @@ struct Diagnostic {
 };
 
 struct PlanOptions {
+  // The validated pass config (mode, scope, min-cut settings).
   Config config;
   // The operator table (configs/op_policy.yaml); config.op_policy, when given,
   // replaces the categories it names.
