@@ -31,7 +31,11 @@ def test_quick_table_has_rows(quick_run):
     rows = list(csv.DictReader(open(out / "results.csv")))
     assert rows, "results.csv has no rows"
     ok = [r for r in rows if r["status"] == "ok"]
-    assert any(r["strategy"] == "none" for r in ok), "the no-checkpointing reference did not run"
+    ran = {r["strategy"] for r in ok}
+    errors = {r["strategy"]: r["error"] for r in rows if r["status"] != "ok"}
+    # the references and the long-wired strategies must run; newer modes may record an error
+    for strategy in ("none", "torch_mincut", "eager", "eager_ckpt", "full"):
+        assert strategy in ran, f"{strategy} did not run: {errors.get(strategy)}"
     table = (out / "results.md").read_text()
     assert "## One training step" in table
     assert sum(1 for line in table.splitlines() if line.startswith("| transformer |")) >= len(rows)
