@@ -53,7 +53,8 @@ def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: s
         annotate_joint(joint, num_fwd_outputs, model=model, example_inputs=current.get("example_inputs"))
         ac_pass = ActivationCheckpointPass(cfg, tag_only=tag_only)
         try:
-            ac_pass.run(joint, model=model)
+            # The partition builds fresh modules from the graph: no need to regenerate the joint's code.
+            ac_pass.run(joint, model=model, recompile=False)
         except _core.NoUnitsError as error:
             # With graph breaks, a piece of the step (say, only the loss) may hold
             # no block at all: that piece trains without checkpointing.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import operator
 import time
 import warnings
 from typing import Any, Mapping, Optional
@@ -99,11 +100,15 @@ def _private_get_attr(gm: fx.GraphModule, original: fx.Node, before: fx.Node) ->
     return node
 
 
-def apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], *, tag_only: bool = False) -> fx.GraphModule:
+def apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], *, tag_only: bool = False,
+               recompile: bool = True) -> fx.GraphModule:
     """Apply a core plan to ``gm`` in place: tags, duplicates, redirects, erasures.
 
     ``tag_only`` writes the policies (``meta["recompute"]``, ``meta["ac_graph_id"]``)
     and stops, for PyTorch's own partitioner or Inductor to act on.
+    ``recompile=False`` leaves ``gm``'s generated code stale, for callers that
+    build new modules from the graph anyway (the backend's partition step):
+    code generation is the slowest part of applying a plan to a large graph.
     """
     graph = gm.graph
     by_name = {node.name: node for node in graph.nodes}
@@ -156,17 +161,22 @@ def apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], *, tag_only: bool = 
 
     _flatten_getitems(gm)
     graph.lint()
-    gm.recompile()
+    if recompile:
+        gm.recompile()
     return gm
 
 
 def _flatten_getitems(gm: fx.GraphModule) -> None:
-    """Move tuple projections next to their producer so each output is freed on its own."""
-    from torch._functorch import compile_utils
+    """Move tuple projections next to their producer so each output is freed on its own.
 
-    raise_getitems = getattr(compile_utils, "raise_getitems", None)
-    if raise_getitems is not None:
-        raise_getitems(gm)
+    What ``torch._functorch.compile_utils.raise_getitems`` does, without its
+    recompile: the caller recompiles once (or not at all before a partition).
+    """
+    getitems = list(gm.graph.find_nodes(op="call_function", target=operator.getitem))
+    for node in reversed(getitems):  # reversed keeps their relative order
+        producer = node.all_input_nodes
+        if len(producer) == 1:
+            producer[0].append(node)
 
 
 class ActivationCheckpointPass:
@@ -191,7 +201,8 @@ class ActivationCheckpointPass:
         self.tag_only = tag_only
         self.result: Optional[PassResult] = None
 
-    def run(self, graph_module: fx.GraphModule, config: Any = None, *, model: Any = None) -> fx.GraphModule:
+    def run(self, graph_module: fx.GraphModule, config: Any = None, *, model: Any = None,
+            recompile: bool = True) -> fx.GraphModule:
         cfg = load_config(config) if config is not None else self.config
         if cfg is None:
             raise ValueError("ActivationCheckpointPass.run needs a config (pass one here or to the constructor)")
@@ -202,7 +213,7 @@ class ActivationCheckpointPass:
             apply_adapter_hook(model)
         result = plan_graph(graph_module, cfg, model=model)
         t0 = time.perf_counter()
-        apply_plan(graph_module, result.plan, tag_only=self.tag_only)
+        apply_plan(graph_module, result.plan, tag_only=self.tag_only, recompile=recompile)
         result.apply_seconds = time.perf_counter() - t0
         for diagnostic in result.diagnostics:
             if diagnostic["level"] == "warning":

@@ -617,13 +617,60 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
     return doc
 
 
+# Fields the wire form leaves out when they hold their default (docs/graph-format.md).
+_DEFAULT_FALSE = ("rng", "symint", "collective", "view", "subgraph", "mutated")
+_DEFAULT_EMPTY = ("outputs", "mutated_inputs", "aliased_inputs")
+_DEFAULT_NONE = ("policy", "recomputed_from")
+
+
+def compact(doc: dict) -> dict:
+    """The wire form of a graph document: module stacks interned in a top-level
+    ``module_stacks`` table (nodes name theirs by ``stack`` index) and fields
+    holding their default left out. Loads to the same graph; about a third of
+    the size, so the core parses it that much faster."""
+    table: list[list[dict]] = []
+    index: dict[tuple, int] = {}
+    nodes = []
+    for node in doc["nodes"]:
+        out = dict(node)
+        stack = out.pop("module_stack", None)
+        if stack:
+            key = tuple((f["fqn"], f["type"]) for f in stack)
+            at = index.get(key)
+            if at is None:
+                at = index[key] = len(table)
+                table.append(stack)
+            out["stack"] = at
+        for field in _DEFAULT_FALSE:
+            if out.get(field) is False:
+                del out[field]
+        for field in _DEFAULT_EMPTY:
+            if out.get(field) == []:
+                del out[field]
+        for field in _DEFAULT_NONE:
+            if field in out and out[field] is None:
+                del out[field]
+        if out.get("flops") == 0:
+            del out["flops"]
+        if out.get("role") == "activation":
+            del out["role"]
+        nodes.append(out)
+    wire = {k: v for k, v in doc.items() if k != "nodes"}
+    wire["module_stacks"] = table
+    wire["nodes"] = nodes
+    return wire
+
+
 def to_json(gm: fx.GraphModule | fx.Graph, model: nn.Module | None = None, *, indent: int | None = None,
-            **kwargs: Any) -> str:
-    """:func:`serialize_graph` as a JSON string (compact unless ``indent``)."""
+            full: bool = False, **kwargs: Any) -> str:
+    """:func:`serialize_graph` as a JSON string: the compact wire form
+    (:func:`compact`) unless ``full``; one line unless ``indent``."""
     doc = serialize_graph(gm, model, **kwargs)
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
+        if not full:
+            doc = compact(doc)
         if indent is None:
             return json.dumps(doc, separators=(",", ":"))
         return json.dumps(doc, indent=indent)

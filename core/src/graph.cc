@@ -214,7 +214,7 @@ TensorFact parse_fact(const json& value, const std::string& where) {
 
 const std::unordered_set<std::string> kNodeKeys = {
     "id", "name", "kind", "target", "inputs", "phase", "outputs", "flops", "module_stack", "rng", "symint",
-    "collective", "view", "subgraph", "mutated", "mutated_inputs", "aliased_inputs", "role", "policy", "recomputed_from"};
+    "collective", "view", "subgraph", "mutated", "mutated_inputs", "stack", "aliased_inputs", "role", "policy", "recomputed_from"};
 
 std::string stack_key(const std::vector<ModuleFrame>& frames) {
   std::string key;
@@ -237,6 +237,10 @@ LoadResult load_graph(const std::string& json_text, const LoadOptions& options) 
     throw GraphError(std::string("graph JSON is malformed: ") + error.what());
   }
   if (!document.is_object()) fail("graph document", std::string("must be a JSON object, got ") + json_type(document));
+  for (const auto& item : document.items())
+    if (item.key() != "format" && item.key() != "version" && item.key() != "model" && item.key() != "nodes" &&
+        item.key() != "module_stacks")
+      fail("graph document", "unknown top-level field '" + item.key() + "' (see docs/graph-format.md)");
   auto format = document.find("format");
   if (format != document.end() && !(format->is_string() && *format == "hyper_ac.graph"))
     fail("graph document", "'format' must be \"hyper_ac.graph\"");
@@ -252,6 +256,21 @@ LoadResult load_graph(const std::string& json_text, const LoadOptions& options) 
 
   LoadResult result;
   Graph& graph = result.graph;
+  // The compact wire form interns module stacks in a top-level table.
+  auto table = document.find("module_stacks");
+  std::vector<std::int32_t> table_index;
+  if (table != document.end() && !table->is_null()) {
+    if (!table->is_array()) fail("graph document", std::string("'module_stacks' must be an array, got ") + json_type(*table));
+    for (std::size_t t = 0; t < table->size(); ++t) {
+      auto frames = parse_frames((*table)[t], "module_stacks", "graph 'module_stacks' entry " + std::to_string(t));
+      if (frames.empty()) {
+        table_index.push_back(-1);
+        continue;
+      }
+      table_index.push_back(static_cast<std::int32_t>(graph.stacks.size()));
+      graph.stacks.push_back(std::move(frames));
+    }
+  }
   graph.nodes.reserve(nodes.size());
   std::unordered_map<std::int64_t, std::int32_t> index_of_id;
   std::unordered_map<std::string, std::int32_t> index_of_name;
@@ -311,6 +330,15 @@ LoadResult load_graph(const std::string& json_text, const LoadOptions& options) 
       if (!flops->is_number()) fail(where, std::string("field 'flops' must be a number, got ") + json_type(*flops));
       node.flops = flops->get<double>();
       if (!(node.flops >= 0.0)) fail(where, "field 'flops' must be >= 0");
+    }
+    auto stack_ref = raw.find("stack");
+    if (stack_ref != raw.end() && !stack_ref->is_null()) {
+      if (raw.contains("module_stack")) fail(where, "has both 'stack' and 'module_stack'; give one");
+      std::int64_t at = get_int(*stack_ref, "field 'stack'", where);
+      if (at < 0 || static_cast<std::size_t>(at) >= table_index.size())
+        fail(where, "'stack' " + std::to_string(at) + " is out of range ('module_stacks' has " +
+                        std::to_string(table_index.size()) + " entries)");
+      node.stack = table_index[static_cast<std::size_t>(at)];
     }
     auto stack = raw.find("module_stack");
     if (stack != raw.end() && !stack->is_null()) {

@@ -149,3 +149,29 @@ TEST_CASE("round-trips through canonical JSON", "[graph][roundtrip]") {
   CHECK(back.model.units.size() == 1);
   CHECK(back.model.units[0].fqn == "layers.0");
 }
+
+TEST_CASE("the compact wire form (interned stacks, defaults left out) loads the same graph", "[graph][roundtrip]") {
+  json full = tiny();
+  json wire = full;
+  wire["module_stacks"] = json::array({json::array({{{"fqn", "layers.0"}, {"type", "Block"}}})});
+  for (auto& node : wire["nodes"]) {
+    if (node.contains("module_stack")) {
+      node.erase("module_stack");
+      node["stack"] = 0;
+    }
+  }
+  auto a = load_graph(full.dump()).graph;
+  auto b = load_graph(wire.dump()).graph;
+  CHECK(graph_to_json(a) == graph_to_json(b));
+  CHECK(print_graph(a) == print_graph(b));
+
+  json bad = wire;
+  bad["nodes"][2]["stack"] = 3;
+  expect_error(bad, {"'mm'", "'stack' 3 is out of range"});
+  bad = wire;
+  bad["nodes"][2]["module_stack"] = json::array();
+  expect_error(bad, {"'mm'", "both 'stack' and 'module_stack'"});
+  bad = wire;
+  bad["extra"] = 1;
+  expect_error(bad, {"unknown top-level field 'extra'"});
+}

@@ -358,14 +358,14 @@ def test_input_mutations_are_described_on_the_output_node():
 
 
 def test_pass_and_backend_apis():
-    from torch._functorch import compile_utils, partitioners
+    from torch._functorch import partitioners
     from torch._functorch.aot_autograd import make_boxed_func
     from torch._inductor.compile_fx import _CompileFxKwargs, compile_fx_inner
     from torch._inductor.decomposition import select_decomp_table
     from torch.utils.checkpoint import CheckpointPolicy
 
     assert {p.name for p in CheckpointPolicy} >= {"MUST_SAVE", "PREFER_SAVE", "MUST_RECOMPUTE", "PREFER_RECOMPUTE"}
-    assert callable(getattr(compile_utils, "raise_getitems"))
+    assert callable(torch.fx.Graph.find_nodes) and callable(torch.fx.Node.append)
     params = inspect.signature(partitioners._extract_fwd_bwd_modules).parameters
     for name in ("joint_module", "saved_values", "saved_sym_nodes", "num_fwd_outputs", "static_lifetime_input_nodes"):
         assert name in params
