@@ -1184,7 +1184,10 @@ def run_core_only(template, opts: ScalingOptions, log: Callable[[str], None]) ->
     per_layer = len(replicate_layers_json(doc, opts.template_layers + 1, acc)["nodes"]) - base
     k = max(opts.template_layers, opts.template_layers + int(math.ceil((opts.core_nodes - base) / max(per_layer, 1))))
     t0 = time.perf_counter()
-    big = lean_document(replicate_layers_json(doc, k, acc))
+    from hyper_ac import serialize
+
+    wire = getattr(serialize, "compact", lean_document)  # the form to_json sends the core
+    big = wire(replicate_layers_json(doc, k, acc))
     text = json.dumps(big, separators=(",", ":"))
     build_seconds = time.perf_counter() - t0
     n = len(big["nodes"])
@@ -1378,7 +1381,7 @@ def run_flow_comparison(graphs: list, opts: ScalingOptions, log: Callable[[str],
 
     from hyper_ac import _core
     from hyper_ac.config import load_config, op_policy_json
-    from hyper_ac.serialize import serialize_graph
+    from hyper_ac.serialize import serialize_graph, to_json
 
     table = json.loads(op_policy_json())
     must_save_ops = [op.rsplit(".", 1)[0] if "." in op.split("::")[-1] else op for op in table.get("must_save", [])]
@@ -1387,8 +1390,8 @@ def run_flow_comparison(graphs: list, opts: ScalingOptions, log: Callable[[str],
     for source, layers, gm, _nfo in _progress(graphs, desc="max-flow", unit="graph"):
         row: dict = {"source": source, "layers": layers, "nodes": len(gm.graph.nodes)}
         try:
-            doc = serialize_graph(gm)
-            text = json.dumps(doc, separators=(",", ":"))
+            doc = serialize_graph(gm)  # full form: what build_flow_network reads
+            text = to_json(gm)  # the wire form hyper_ac sends the core (same node ids)
             reps = 5 if row["nodes"] < 20_000 else 3
             row["core_parse_seconds"], _ = _best(lambda: _core.graph_summary(text), reps)
             row["core_plan_seconds"], plan_text = _best(lambda: _core.plan(text, cfg, op_policy_json()), reps)
@@ -1606,7 +1609,8 @@ def render_markdown(meta: dict, step_rows: list[dict], pareto: dict, scaling: li
         for r in core_rows:
             out.append(
                 f"- {r['nodes']:,} nodes ({r['layers']} replicated TinyTransformer layers; {r['json_mb']:.0f} MB of "
-                f"JSON, default-valued fields left out, built in Python in {r['build_seconds']:.1f} s): "
+                f"JSON in the wire form `to_json` sends (module stacks interned, defaults left out), built in Python in "
+                f"{r['build_seconds']:.1f} s): "
                 f"JSON parse + validate (`_core.graph_summary`) {_s(r.get('parse_seconds'))}; `_core.plan` auto "
                 f"{_s(r.get('auto_seconds'))} (parse included; everything after the parse, plan JSON out included: "
                 f"{_s(r.get('auto_minus_parse_seconds'))})"
