@@ -1070,8 +1070,12 @@ def time_hyper_ac(gm, num_fwd_outputs: int, mode: str = "auto") -> dict:
     from hyper_ac.passes import apply_plan
     from hyper_ac.serialize import to_json
 
+    import inspect
+
     g = copy_graph_module(gm)
     cfg = load_config(hac_config(mode))
+    # as the backend does: no recompile of the joint before the partition builds new modules
+    apply_kwargs = {"recompile": False} if "recompile" in inspect.signature(apply_plan).parameters else {}
     with _quiet():
         t0 = time.perf_counter()
         text = to_json(g)
@@ -1079,7 +1083,7 @@ def time_hyper_ac(gm, num_fwd_outputs: int, mode: str = "auto") -> dict:
         plan_text = _core.plan(text, cfg.json_for(None), op_policy_json())
         t2 = time.perf_counter()
         plan = json.loads(plan_text)
-        apply_plan(g, plan)
+        apply_plan(g, plan, **apply_kwargs)
         t3 = time.perf_counter()
         partition_joint(g, None, num_fwd_outputs=num_fwd_outputs)
         t4 = time.perf_counter()
