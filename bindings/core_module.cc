@@ -1,6 +1,7 @@
 // hyper_ac._core: the torch-free core, exposed with JSON strings in and out.
 #include <pybind11/pybind11.h>
 
+#include <chrono>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -73,13 +74,18 @@ PYBIND11_MODULE(_core, m) {
     parse_op_policy(table_json);
   }, py::arg("table_json"));
 
-  m.def("plan", [](const std::string& graph_json, const std::string& config_json, const std::string& op_policy_json) {
+  m.def("plan", [](const std::string& graph_json, const std::string& config_json, const std::string& op_policy_json,
+                   bool timings) {
     py::gil_scoped_release release;
+    const auto started = std::chrono::steady_clock::now();
     auto loaded = load_graph(graph_json);
+    const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     auto result = make_plan(loaded.graph, plan_options(config_json, op_policy_json));
-    return plan_to_json(loaded.graph, result);
-  }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = "",
-     "Plan save/recompute for a graph; return the plan JSON.");
+    result.timings.load_seconds = load_seconds;
+    return plan_to_json(loaded.graph, result, timings);
+  }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = "", py::arg("timings") = false,
+     "Plan save/recompute for a graph; return the plan JSON (with per-stage wall times under 'timings' if asked;\n"
+     "without them the plan is byte-identical for the same input).");
 
   m.def("pareto", [](const std::string& graph_json, const std::string& config_json, const std::string& op_policy_json) {
     py::gil_scoped_release release;

@@ -1,4 +1,5 @@
 // hyper-ac-plan: load and validate a graph JSON; with --config, plan it.
+#include <chrono>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -16,7 +17,8 @@ const char* kUsage =
     "  --config     plan it with this config (JSON; `python -m hyper_ac config FILE.yaml` converts YAML)\n"
     "  --op-policy  the operator table (JSON; `python -m hyper_ac op-policy` prints the default)\n"
     "  --print      print the graph's text form (annotated with policies when planning)\n"
-    "  --json       print the plan JSON instead of the summary\n";
+    "  --json       print the plan JSON instead of the summary\n"
+    "  --timings    print the wall time of each stage to stderr\n";
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -30,7 +32,7 @@ std::string read_file(const std::string& path) {
 
 int main(int argc, char** argv) {
   std::string graph_path, config_path, table_path;
-  bool print = false, as_json = false;
+  bool print = false, as_json = false, timings = false;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     auto value = [&](const char* flag) -> std::string {
@@ -44,6 +46,7 @@ int main(int argc, char** argv) {
     else if (arg == "--op-policy") table_path = value("--op-policy");
     else if (arg == "--print") print = true;
     else if (arg == "--json") as_json = true;
+    else if (arg == "--timings") timings = true;
     else if (arg == "-h" || arg == "--help") { std::cout << kUsage; return 0; }
     else if (!arg.empty() && arg[0] == '-') { std::cerr << "hyper-ac-plan: unknown option " << arg << "\n" << kUsage; return 2; }
     else if (graph_path.empty()) graph_path = arg;
@@ -54,7 +57,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    const auto started = std::chrono::steady_clock::now();
     auto loaded = hyper_ac::load_graph(read_file(graph_path));
+    const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     if (config_path.empty()) {
       if (print) std::cout << hyper_ac::print_graph(loaded.graph);
       std::cout << hyper_ac::format_summary(hyper_ac::summarize(loaded.graph));
@@ -64,6 +69,12 @@ int main(int argc, char** argv) {
     options.config = hyper_ac::parse_config(read_file(config_path));
     if (!table_path.empty()) options.op_policy = hyper_ac::parse_op_policy(read_file(table_path));
     auto result = hyper_ac::make_plan(loaded.graph, options);
+    if (timings) {
+      const auto& t = result.timings;
+      std::cerr << "timings: load " << load_seconds << " s, scope " << t.scope_seconds << " s, tag " << t.tag_seconds
+                << " s, min-cut " << t.mincut_seconds << " s, remat " << t.remat_seconds << " s, simulate "
+                << t.simulate_seconds << " s, plan total " << t.total_seconds << " s\n";
+    }
     if (as_json) {
       std::cout << hyper_ac::plan_to_json(loaded.graph, result) << "\n";
       return 0;

@@ -1,6 +1,7 @@
 #include "hyper_ac/plan.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include <nlohmann/json.hpp>
 
@@ -12,6 +13,9 @@ namespace hyper_ac {
 using json = nlohmann::json;
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 ScopeOptions scope_options(const Config& config) {
   ScopeOptions options = config.scope;
@@ -56,7 +60,10 @@ void choose_within_budget(const Graph& graph, const Config& config, const MinCut
                           const SimulateResult& all_saved, PlanResult& result) {
   const std::int64_t target = budget_target(graph, config, all_saved);
   result.stats.budget_bytes = target;
+  auto stage = Clock::now();
   ParetoResult frontier = pareto_frontier(graph, result.tags.policies, cut_options);
+  result.timings.mincut_seconds = seconds_since(stage);
+  stage = Clock::now();
   SimulateOptions sim_options;
   sim_options.record_timeline = false;
   std::int64_t best_peak = -1;
@@ -81,6 +88,7 @@ void choose_within_budget(const Graph& graph, const Config& config, const MinCut
     }
   }
   if (frontier.points.empty()) result.remat = plan_remat(graph, result.policies);
+  result.timings.remat_seconds = seconds_since(stage);  // remat + simulation of the frontier's points
   result.stats.budget_met = met;
   if (!met) {
     result.diagnostics.push_back(
@@ -97,6 +105,7 @@ void choose_within_budget(const Graph& graph, const Config& config, const MinCut
 
 PlanResult make_plan(const Graph& graph, const PlanOptions& options) {
   const Config& config = options.config;
+  const auto started = Clock::now();
   PlanResult result;
   result.mode = config.mode;
   result.policies.assign(graph.nodes.size(), Policy::None);
@@ -109,7 +118,9 @@ PlanResult make_plan(const Graph& graph, const PlanOptions& options) {
     return result;
   }
 
+  auto stage = Clock::now();
   result.scope = resolve_scope(graph, scope_options(config));
+  result.timings.scope_seconds = seconds_since(stage);
   for (const auto& note : result.scope.notes) result.diagnostics.push_back({"info", note});
   result.stats.units = result.scope.units.size();
   result.stats.selected_units = result.scope.selected_units.size();
@@ -119,32 +130,44 @@ PlanResult make_plan(const Graph& graph, const PlanOptions& options) {
   tag_options.mode = config.mode;
   tag_options.op_policy = effective_op_policy(config, options.op_policy);
   tag_options.save_forward_all_gather = config.save_forward_all_gather;
+  stage = Clock::now();
   result.tags = tag_policies(graph, result.scope, tag_options);
   result.policies = result.tags.policies;
+  result.timings.tag_seconds = seconds_since(stage);
 
   MinCutOptions cut_options;
   cut_options.lambda = effective_lambda(config.mincut);
   cut_options.hardware = config.mincut.hardware;
   SimulateOptions sim_options;
   sim_options.record_timeline = false;
+  stage = Clock::now();
   const SimulateResult before = simulate_memory(graph, nullptr, sim_options);
+  result.timings.simulate_seconds += seconds_since(stage);
   result.stats.simulated_peak_before = before.peak_bytes_with_resident;
   result.stats.simulated_activation_peak_before = before.peak_bytes;
 
   if (config.mode == Mode::Auto) {
+    stage = Clock::now();
     MinCutResult cut = solve_min_cut(graph, result.tags.policies, cut_options);
+    result.timings.mincut_seconds = seconds_since(stage);
     result.policies = cut.policies;
     result.stats.lambda = cut.lambda;
     for (const auto& note : cut.diagnostics) result.diagnostics.push_back({"info", note});
+    stage = Clock::now();
     pin_tuple_projections(graph, result.policies);
     result.remat = plan_remat(graph, result.policies);
+    result.timings.remat_seconds = seconds_since(stage);
   } else if (config.mode == Mode::Budget) {
     choose_within_budget(graph, config, cut_options, before, result);
   } else {
+    stage = Clock::now();
     pin_tuple_projections(graph, result.policies);
     result.remat = plan_remat(graph, result.policies);
+    result.timings.remat_seconds = seconds_since(stage);
   }
+  stage = Clock::now();
   const SimulateResult after = simulate_memory(graph, &result.remat, sim_options);
+  result.timings.simulate_seconds += seconds_since(stage);
   result.stats.simulated_peak_after = after.peak_bytes_with_resident;
   result.stats.simulated_activation_peak_after = after.peak_bytes;
   std::vector<char> duplicated(graph.nodes.size(), 0);
@@ -169,6 +192,7 @@ PlanResult make_plan(const Graph& graph, const PlanOptions& options) {
         {"warning", "activation checkpointing matched scope [" + joined(result.scope.regions) +
                         "] but recomputed no node; the model may already be wrapped by eager checkpointing, or "
                         "every candidate was pinned to save"});
+  result.timings.total_seconds = seconds_since(started);
   return result;
 }
 
@@ -258,7 +282,7 @@ std::vector<std::string> policy_annotations(const Graph& graph, const PlanResult
   return notes;
 }
 
-std::string plan_to_json(const Graph& graph, const PlanResult& result) {
+std::string plan_to_json(const Graph& graph, const PlanResult& result, bool include_timings) {
   auto name = [&](std::int32_t index) { return graph.nodes[static_cast<std::size_t>(index)].name; };
   json document;
   document["format"] = "hyper_ac.plan";
@@ -336,6 +360,13 @@ std::string plan_to_json(const Graph& graph, const PlanResult& result) {
   json diagnostics = json::array();
   for (const auto& d : result.diagnostics) diagnostics.push_back({{"level", d.level}, {"message", d.message}});
   document["diagnostics"] = diagnostics;
+  if (include_timings) {
+    const auto& t = result.timings;
+    document["timings"] = {{"scope_seconds", t.scope_seconds},       {"tag_seconds", t.tag_seconds},
+                           {"mincut_seconds", t.mincut_seconds},     {"remat_seconds", t.remat_seconds},
+                           {"simulate_seconds", t.simulate_seconds}, {"total_seconds", t.total_seconds},
+                           {"load_seconds", t.load_seconds}};
+  }
   return document.dump();
 }
 

@@ -45,6 +45,18 @@ struct PlanStats {
   std::size_t rebuilt_for_exclude = 0;
 };
 
+// Wall time per stage. Not part of the plan JSON unless asked for: plans are
+// byte-identical for the same input, timings are not.
+struct PlanTimings {
+  double scope_seconds = 0.0;
+  double tag_seconds = 0.0;
+  double mincut_seconds = 0.0;    // max-flow solves (auto: one; budget: the frontier)
+  double remat_seconds = 0.0;
+  double simulate_seconds = 0.0;
+  double total_seconds = 0.0;      // make_plan, end to end
+  double load_seconds = 0.0;       // JSON parse + validation, filled by the caller that loaded the graph
+};
+
 struct PlanResult {
   Mode mode = Mode::Off;
   Scope scope;
@@ -53,6 +65,7 @@ struct PlanResult {
   RematPlan remat;
   PlanStats stats;
   std::vector<Diagnostic> diagnostics;
+  PlanTimings timings;
 };
 
 // Throws GraphError / ConfigError / ScopeError / PlanError.
@@ -88,7 +101,7 @@ struct RecomputeScore {
 RecomputeScore score_recompute_set(const Graph& graph, const std::vector<std::int32_t>& recomputed,
                                    const HardwareProfile& hardware);
 
-std::string plan_to_json(const Graph& graph, const PlanResult& result);
+std::string plan_to_json(const Graph& graph, const PlanResult& result, bool include_timings = false);
 
 // Per-node "POLICY (reason)" strings for print_graph annotations / golden files.
 std::vector<std::string> policy_annotations(const Graph& graph, const PlanResult& result);
