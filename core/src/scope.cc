@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace hyper_ac {
 
@@ -44,9 +45,15 @@ std::vector<ModuleFrame> module_universe(const Graph& graph) {
 std::vector<ModuleFrame> units_from_stacks(const Graph& graph) {
   std::map<std::string, std::string> frames;  // fqn -> type, sorted
   std::vector<std::string> first_seen;
-  for (const auto& node : graph.nodes)
+  // Each interned stack once, in the order nodes first use it: linear in the
+  // node count, map work only per distinct stack.
+  std::vector<char> stack_seen(graph.stacks.size(), 0);
+  for (const auto& node : graph.nodes) {
+    if (node.stack < 0 || stack_seen[static_cast<std::size_t>(node.stack)]) continue;
+    stack_seen[static_cast<std::size_t>(node.stack)] = 1;
     for (const auto& frame : graph.stack_of(node))
       if (frames.emplace(frame.fqn, frame.type).second) first_seen.push_back(frame.fqn);
+  }
   std::map<std::string, std::map<std::string, std::vector<std::string>>> children;  // parent -> type -> fqns
   for (const auto& fqn : first_seen) {
     std::string parent = parent_of(fqn);
@@ -63,18 +70,20 @@ std::vector<ModuleFrame> units_from_stacks(const Graph& graph) {
     for (auto& [type, fqns] : by_type)
       if (fqns.size() >= 2) groups.emplace_back(parent, fqns);
   std::vector<ModuleFrame> units;
-  std::vector<std::string> unit_fqns;
+  std::unordered_set<std::string> unit_fqns;
   // Outer groups first so nested repeats are recognised as inside a unit.
   std::sort(groups.begin(), groups.end(), [](const auto& a, const auto& b) {
     auto depth = [](const std::string& s) { return std::count(s.begin(), s.end(), '.'); };
     return depth(a.first) != depth(b.first) ? depth(a.first) < depth(b.first) : a.first < b.first;
   });
   for (const auto& [parent, fqns] : groups) {
-    bool nested = std::any_of(unit_fqns.begin(), unit_fqns.end(), [&](const std::string& u) { return at_or_under(parent, u); });
+    // Inside a unit already found? Walk up the parent's own prefixes.
+    bool nested = false;
+    for (std::string up = parent; !up.empty() && !nested; up = parent_of(up)) nested = unit_fqns.count(up) > 0;
     if (nested) continue;
     for (const auto& fqn : fqns) {
       units.push_back({fqn, frames[fqn]});
-      unit_fqns.push_back(fqn);
+      unit_fqns.insert(fqn);
     }
   }
   // Discovery order = order of first appearance in the graph.
