@@ -27,7 +27,8 @@ const char* to_string(MaxFlowAlgorithm algorithm);
 
 struct MinCutOptions {
   // Bytes per second of recompute time: objective = saved bytes + lambda *
-  // recompute seconds. Same default as MinCutConfig::lambda (1e10).
+  // recompute seconds. make_plan passes effective_lambda(config) (memory
+  // bandwidth / 4 unless configured); 1e10 for options built by hand.
   double lambda = 1.0e10;
   // Roofline for recompute time: max(flops / peak_flops, bytes_moved /
   // memory_bandwidth), bytes_moved = output bytes + bytes of every input read.
