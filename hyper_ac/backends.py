@@ -33,7 +33,6 @@ def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: s
     ``on_result(PassResult)`` is called after each graph is planned.
     """
     from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch.aot_autograd import make_boxed_func
 
     from hyper_ac.capture import annotate_joint
 
@@ -82,7 +81,20 @@ def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: s
     else:
 
         def run_as_fx(gm: fx.GraphModule, _example_inputs: Any):
-            return make_boxed_func(gm.forward)
+            # Boxed code unpacks and clears its argument list, so each saved
+            # activation is freed after its last use in the backward (as
+            # Inductor's code does), not when the whole backward returns.
+            from torch.fx.graph import _BoxedCodeGen
+
+            gm.graph.set_codegen(_BoxedCodeGen())
+            gm.recompile()
+            forward = gm.forward
+
+            def run(args: list):
+                return forward(args)
+
+            run._boxed_call = True  # type: ignore[attr-defined]
+            return run
 
         fw_compiler = bw_compiler = run_as_fx
 

@@ -259,7 +259,7 @@ def boxed_fx_compiler(gm, _example_inputs):
     The generated ``forward(args_list)`` unpacks and clears the list, so each
     input (a saved activation, in the backward) is freed after its last use,
     as Inductor's code does. ``make_boxed_func(gm.forward)`` (torch's
-    ``boxed_nop``, hyper_ac's ``compiler="eager"``) keeps the list alive in
+    ``boxed_nop``) keeps the list alive in
     its frame, so every saved activation lives until the backward returns.
     """
     from torch.fx.graph import _BoxedCodeGen
@@ -1794,7 +1794,7 @@ MEMORY_TRUTH_NOTES = """Why simulated and measured differ:
 - **Runner (the big one, fixed here).** Compiled strategies run their forward/backward modules with the boxed FX
   runner (`--fx-runner boxed`, `hyper_ac.bench.boxed_fx_compiler`): the generated code clears its argument list,
   so a saved activation is freed after its last use in the backward, as Inductor's code does. With
-  `make_boxed_func(gm.forward)` (`--fx-runner plain`: torch's `boxed_nop` and `hyper_ac.backend(compiler="eager")`)
+  `make_boxed_func(gm.forward)` (`--fx-runner plain`: torch's `boxed_nop`; `hyper_ac.backend(compiler="eager")` runs boxed code since this was measured)
   the caller's frame holds the list until the backward returns: every saved activation stays alive while all
   gradients are produced, and the measured peak is about saved + gradients — 13–31% above the simulation on
   these models. With the boxed runner the real step equals the joint run or sits up to one activation-sized

@@ -359,7 +359,7 @@ def test_input_mutations_are_described_on_the_output_node():
 
 def test_pass_and_backend_apis():
     from torch._functorch import partitioners
-    from torch._functorch.aot_autograd import make_boxed_func
+    from torch.fx.graph import _BoxedCodeGen
     from torch._inductor.compile_fx import _CompileFxKwargs, compile_fx_inner
     from torch._inductor.decomposition import select_decomp_table
     from torch.utils.checkpoint import CheckpointPolicy
@@ -371,6 +371,10 @@ def test_pass_and_backend_apis():
         assert name in params
     assert callable(partitioners.is_sym_node)
     assert "num_fwd_outputs" in inspect.signature(partitioners.min_cut_rematerialization_partition).parameters
-    assert callable(make_boxed_func)
+    gm = torch.fx.symbolic_trace(torch.nn.ReLU())
+    gm.graph.set_codegen(_BoxedCodeGen())
+    gm.recompile()
+    args = [torch.ones(2)]
+    assert torch.equal(gm.forward(args), torch.ones(2)) and args == []  # the boxed code clears its inputs
     assert callable(compile_fx_inner) and "is_backward" in _CompileFxKwargs.__annotations__
     assert isinstance(select_decomp_table(), dict)
