@@ -1799,14 +1799,11 @@ MEMORY_TRUTH_NOTES = """Why simulated and measured differ:
   gradients are produced, and the measured peak is about saved + gradients — 13–31% above the simulation on
   these models. With the boxed runner the real step equals the joint run or sits up to one activation-sized
   tensor (0.25 MiB here) below it.
-- **Simulator vs joint run** (the simulator's own error): exact or within a few % in every mode except `full`,
-  where it over-estimates by up to ~18% (TinyTransformer, GPT-2; exact on Llama) — not investigated further here;
-  the candidates are below. The simulator counts node outputs only: operator
-  temporaries (softmax, matmul and layer-norm workspaces, the copy `reshape` makes of a non-contiguous input it
-  models as a view) are invisible to it (→ under-estimate). It keeps a multi-output producer's outputs
-  (`native_layer_norm`'s output/mean/rstd, attention's tuple) as one storage until the last reader of any of them,
-  and a view keeps its whole base alive, while the allocator frees each tensor separately (→ over-estimate,
-  larger when recomputation leaves many short-lived tuples in the backward).
+- **Simulator vs joint run** (the simulator's own error): exact in every mode here. It frees each element of a
+  multi-output producer (`native_layer_norm`'s output/mean/rstd, attention's tuple) on its own, as the allocator
+  does; before it did, it kept the tuple as one storage until its last reader and over-estimated `full` mode by up
+  to 18% (TinyTransformer, GPT-2). What it cannot see: operator temporaries (softmax, matmul and layer-norm
+  workspaces, the copy `reshape` makes of a non-contiguous input it models as a view) (→ under-estimate).
 - Both figures leave out parameters, buffers and inputs (resident in the simulation, allocated before track()
   opens); gradients are joint-graph outputs (simulated) and allocated in the step (measured)."""
 

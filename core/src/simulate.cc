@@ -57,6 +57,15 @@ std::vector<std::int32_t> alias_positions(const Node& node) {
   return positions;
 }
 
+// A getitem of a producer that allocates several outputs. Not for split /
+// chunk / unbind and other multi-output views: their elements share the
+// input's storage and stay united with it.
+bool projects_element(const Graph& graph, const Node& node) {
+  if (node.kind != NodeKind::CallFunction || node.target != "operator.getitem" || node.inputs.empty()) return false;
+  const Node& producer = graph.nodes[static_cast<std::size_t>(node.inputs.front())];
+  return producer.outputs.size() > 1 && alias_positions(producer).empty();
+}
+
 std::string step_name(const Graph& graph, const ScheduleStep& step, std::size_t index) {
   std::string name = "step " + std::to_string(index);
   if (step.node >= 0 && static_cast<std::size_t>(step.node) < graph.nodes.size())
@@ -77,6 +86,7 @@ SimulateResult simulate_memory(const Graph& graph, const RematPlan* plan, const 
   UnionFind storage(steps);
   std::vector<std::int64_t> allocation(steps, 0);
   std::vector<char> resident(steps, 0);
+  std::vector<std::int64_t> transfer(steps, 0);
   std::int32_t last_forward = kNone;
   for (std::size_t s = 0; s < steps; ++s) {
     const ScheduleStep& step = schedule[s];
@@ -101,6 +111,14 @@ SimulateResult simulate_memory(const Graph& graph, const RematPlan* plan, const 
       continue;
     }
     if (node.kind == NodeKind::Output) continue;
+    if (projects_element(graph, node)) {
+      // One element of a multi-output producer: it takes that element's bytes
+      // over from the producer's storage (pass 3) and is freed on its own, as
+      // the allocator frees each tensor of a tuple separately.
+      transfer[s] = node.output_bytes();
+      ++result.stats.aliasing_steps;
+      continue;
+    }
     auto positions = alias_positions(node);
     if (positions.empty()) {
       allocation[s] = node.output_bytes();
@@ -140,6 +158,17 @@ SimulateResult simulate_memory(const Graph& graph, const RematPlan* plan, const 
   std::int64_t live = 0;
   if (options.record_timeline) result.timeline.reserve(steps);
   for (std::size_t s = 0; s < steps; ++s) {
+    if (transfer[s] > 0) {
+      auto from = static_cast<std::size_t>(storage.find(schedule[s].inputs.front()));
+      auto to = static_cast<std::size_t>(storage.find(static_cast<std::int32_t>(s)));
+      std::int64_t moved = std::min(transfer[s], held[from]);
+      held[from] -= moved;
+      held[to] += moved;
+      if (moved > 0 && !counted[to]) {
+        counted[to] = 1;
+        ++result.stats.storages;
+      }
+    }
     if (allocation[s] > 0) {
       auto root = static_cast<std::size_t>(storage.find(static_cast<std::int32_t>(s)));
       held[root] += allocation[s];

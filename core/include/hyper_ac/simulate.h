@@ -1,6 +1,7 @@
 // Memory simulation: walk the (original or rewritten) step in schedule order
 // and track the bytes alive after every node, with aliases (views, in-place
-// results, getitem) sharing their base's storage.
+// results, getitem of a view) sharing their base's storage and each element of
+// an allocating multi-output producer freed on its own.
 #pragma once
 
 #include <cstdint>
@@ -53,7 +54,9 @@ struct SimulateResult {
 // schedule rewritten_schedule(graph, *plan) gives. Each step allocates its
 // node's output bytes, except aliasing nodes (non-empty aliased_inputs or
 // view; a view without positions aliases input 0), which share the storage
-// of the inputs they alias (storage = union-find over alias edges). A storage
+// of the inputs they alias (storage = union-find over alias edges), and
+// getitems of a producer that allocates several outputs, which take their
+// element's bytes over from it and are freed on their own. A storage
 // is freed after the last step that reads any alias of it; the output node's
 // inputs live to the end; a value nobody reads is freed right after its
 // step. O(steps + edges). Throws std::invalid_argument when a step reads a
