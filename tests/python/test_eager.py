@@ -76,6 +76,11 @@ def _make(seed: int = 0, p: float = 0.0, dim: int = 16):
     return block, x, [x, *block.parameters()]
 
 
+def _dx_dw(loss, x, weights):
+    """Input gradients, then weight gradients, of one loss (the dx / dw split)."""
+    return torch.autograd.grad(loss, [x], retain_graph=True), torch.autograd.grad(loss, weights)
+
+
 class _StorageMeter(TorchDispatchMode):
     """Bytes of storages created under the mode that are still alive.
 
@@ -424,9 +429,7 @@ def test_dx_then_dw_share_one_prefired_replay():
     block, x, params = _make(p=0.3)
     weights = params[1:]
     torch.manual_seed(3)
-    ref = block(x).square().mean()
-    want_dx = torch.autograd.grad(ref, [x], retain_graph=True)
-    want_dw = torch.autograd.grad(ref, weights)
+    want_dx, want_dw = _dx_dw(block(x).square().mean(), x, weights)
 
     block.calls = 0
     torch.manual_seed(3)
@@ -553,9 +556,7 @@ def test_session_id_reusable_after_exception():
 def test_unpack_on_worker_thread_finds_session_without_lock_or_contextvar():
     block, x, params = _make()
     weights = params[1:]
-    ref = block(x).square().mean()
-    want_dx = torch.autograd.grad(ref, [x], retain_graph=True)
-    want_dw = torch.autograd.grad(ref, weights)
+    want_dx, want_dw = _dx_dw(block(x).square().mean(), x, weights)
     block.calls = 0
     with recompute_handle_collector_ctx() as handles:
         loss = checkpoint(block, x).square().mean()
@@ -589,9 +590,7 @@ def test_unpack_on_worker_thread_finds_session_without_lock_or_contextvar():
 def test_selective_checkpoint_with_prefired_session():
     block, x, params = _make()
     weights = params[1:]
-    ref = block(x).square().mean()
-    want_dx = torch.autograd.grad(ref, [x], retain_graph=True)
-    want_dw = torch.autograd.grad(ref, weights)
+    want_dx, want_dw = _dx_dw(block(x).square().mean(), x, weights)
     block.calls = 0
     with recompute_handle_collector_ctx() as handles:
         loss = checkpoint(block, x, context_fn=_sac_context_fn()).square().mean()
@@ -907,9 +906,7 @@ def test_exclude_at_the_end_of_the_checkpoint():
 def test_exclude_with_prefired_dx_dw_session(kind):
     norm, mm, x, params = _moe_setup(kind)
     weights = params[1:]
-    ref = mm(norm(x)).square().mean()
-    want_dx = torch.autograd.grad(ref, [x], retain_graph=True)
-    want_dw = torch.autograd.grad(ref, weights)
+    want_dx, want_dw = _dx_dw(mm(norm(x)).square().mean(), x, weights)
     ex = checkpoint_exclude_wrapper(mm)
     mm.calls = 0
     calls = {"fn": 0}
