@@ -16,17 +16,6 @@
 namespace py = pybind11;
 using namespace hyper_ac;
 
-namespace {
-
-PlanOptions plan_options(const std::string& config_json, const std::string& op_policy_json) {
-  PlanOptions options;
-  options.config = parse_config(config_json);
-  options.op_policy = op_policy_json.empty() ? OpPolicyTable{} : parse_op_policy(op_policy_json);
-  return options;
-}
-
-}  // namespace
-
 PYBIND11_MODULE(_core, m) {
   m.doc() = "hyper_ac C++ core: graph loading, tagging, remat planning (torch-free)";
   py::register_exception<GraphError>(m, "GraphError", PyExc_ValueError);
@@ -36,6 +25,9 @@ PYBIND11_MODULE(_core, m) {
   py::register_exception<PlanError>(m, "PlanError", PyExc_RuntimeError);
   py::register_exception<MinCutError>(m, "MinCutError", PyExc_ValueError);
   m.attr("GRAPH_FORMAT_VERSION") = kGraphFormatVersion;
+
+  m.def("format_bytes", [](std::int64_t bytes) { return format_bytes(bytes); }, py::arg("bytes"),
+        "Human-readable byte count (\"1.50 MiB\").");
 
   m.def("load_graph_summary", [](const std::string& graph_json) {
     auto loaded = load_graph(graph_json);
@@ -80,7 +72,7 @@ PYBIND11_MODULE(_core, m) {
     const auto started = std::chrono::steady_clock::now();
     auto loaded = load_graph(graph_json);
     const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    auto result = make_plan(loaded.graph, plan_options(config_json, op_policy_json));
+    auto result = make_plan(loaded.graph, parse_plan_options(config_json, op_policy_json));
     result.timings.load_seconds = load_seconds;
     return plan_to_json(loaded.graph, result, timings);
   }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = "", py::arg("timings") = false,
@@ -90,7 +82,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("pareto", [](const std::string& graph_json, const std::string& config_json, const std::string& op_policy_json) {
     py::gil_scoped_release release;
     auto loaded = load_graph(graph_json);
-    return frontier_to_json(plan_frontier(loaded.graph, plan_options(config_json, op_policy_json)));
+    return frontier_to_json(plan_frontier(loaded.graph, parse_plan_options(config_json, op_policy_json)));
   }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = "",
      "The saved-bytes / recompute-cost frontier across lambda, with simulated peaks (JSON list).");
 
@@ -119,7 +111,7 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("print_plan", [](const std::string& graph_json, const std::string& config_json, const std::string& op_policy_json) {
     auto loaded = load_graph(graph_json);
-    auto result = make_plan(loaded.graph, plan_options(config_json, op_policy_json));
+    auto result = make_plan(loaded.graph, parse_plan_options(config_json, op_policy_json));
     PrintOptions print;
     print.annotations = policy_annotations(loaded.graph, result);
     return print_graph(loaded.graph, print);

@@ -65,9 +65,7 @@ int main(int argc, char** argv) {
       std::cout << hyper_ac::format_summary(hyper_ac::summarize(loaded.graph));
       return 0;
     }
-    hyper_ac::PlanOptions options;
-    options.config = hyper_ac::parse_config(read_file(config_path));
-    if (!table_path.empty()) options.op_policy = hyper_ac::parse_op_policy(read_file(table_path));
+    auto options = hyper_ac::parse_plan_options(read_file(config_path), table_path.empty() ? "" : read_file(table_path));
     auto result = hyper_ac::make_plan(loaded.graph, options);
     if (timings) {
       const auto& t = result.timings;

@@ -333,30 +333,17 @@ def _instrument(aot_backend: Any, probe: _Probe, *, snapshot: bool = False, budg
     kwargs["fw_compiler"] = fw_compiler
 
 
-def _find_aot_backend(backend: Any, depth: int = 0) -> Any:
-    """The dynamo ``aot_autograd`` backend object (``.kwargs`` with a ``partition_fn``) inside ``backend``.
+def _find_aot_backend(backend: Any) -> Any:
+    """The dynamo ``aot_autograd`` backend object (``.kwargs`` with a ``partition_fn``).
 
-    ``hyper_ac.backend`` returns a function wrapping one (it patches the
-    AOTAutograd cache and records dynamo's inputs first); the object is found
-    through the wrapper's closure.
+    Torch's own strategies pass it directly; ``hyper_ac.backend`` exposes the
+    one it wraps as ``.aot_backend``.
     """
+    backend = getattr(backend, "aot_backend", backend)
     kwargs = getattr(backend, "kwargs", None)
-    if isinstance(kwargs, dict) and "partition_fn" in kwargs:
-        return backend
-    inner = getattr(backend, "aot_backend", None)
-    if inner is not None and depth < 4:
-        return _find_aot_backend(inner, depth + 1)
-    for cell in getattr(backend, "__closure__", None) or ():
-        try:
-            value = cell.cell_contents
-        except ValueError:  # empty cell
-            continue
-        if depth < 4 and (hasattr(value, "kwargs") or callable(value)) and value is not backend:
-            try:
-                return _find_aot_backend(value, depth + 1)
-            except TypeError:
-                continue
-    raise TypeError(f"no aot_autograd backend found inside {backend!r}")
+    if not (isinstance(kwargs, dict) and "partition_fn" in kwargs):
+        raise TypeError(f"no aot_autograd backend found inside {backend!r}")
+    return backend
 
 
 def hac_config(mode: str) -> dict:

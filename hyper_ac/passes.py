@@ -54,17 +54,9 @@ class PassResult:
             return f"hyper_ac: mode={self.mode}: graph unchanged"
         return (
             f"hyper_ac: mode={self.mode}: duplicated {s['nodes_duplicated']} node(s), "
-            f"saved for backward {_fmt_bytes(s['saved_bytes_before'])} -> {_fmt_bytes(s['saved_bytes_after'])}, "
+            f"saved for backward {_core.format_bytes(s['saved_bytes_before'])} -> {_core.format_bytes(s['saved_bytes_after'])}, "
             f"recompute {s['recompute_flops']:.3g} FLOPs"
         )
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} GiB"
 
 
 def _require_annotated(gm: fx.GraphModule) -> None:

@@ -103,6 +103,13 @@ void choose_within_budget(const Graph& graph, const Config& config, const MinCut
 
 }  // namespace
 
+PlanOptions parse_plan_options(const std::string& config_json, const std::string& op_policy_json) {
+  PlanOptions options;
+  options.config = parse_config(config_json);
+  if (!op_policy_json.empty()) options.op_policy = parse_op_policy(op_policy_json);
+  return options;
+}
+
 PlanResult make_plan(const Graph& graph, const PlanOptions& options) {
   const Config& config = options.config;
   const auto started = Clock::now();

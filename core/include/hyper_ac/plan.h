@@ -68,6 +68,10 @@ struct PlanResult {
   PlanTimings timings;
 };
 
+// Options from a config JSON and an operator-table JSON ("" = empty table).
+// Throws ConfigError.
+PlanOptions parse_plan_options(const std::string& config_json, const std::string& op_policy_json);
+
 // Throws GraphError / ConfigError / ScopeError / PlanError.
 PlanResult make_plan(const Graph& graph, const PlanOptions& options);
 
