@@ -1,0 +1,104 @@
+"""Plan identity: the core's plan is byte-identical across restructures.
+
+For every graph the Python tests use (the captured models of ``conftest`` at
+their test sizes, and each valid JSON graph in ``tests/data``) under every
+mode and every preset in ``configs/``, the sha256 of the plan JSON the core
+returns is recorded in ``tests/data/plan_hashes.json``. Only the plan is
+hashed, never the graph document (its ``model`` section may change shape
+without changing a decision). A config the core rejects for a graph (no
+units, say) records the error's type instead, so a change of outcome fails
+too. Each captured model is planned twice: serialised with its live model
+(the ``model`` section: unit discovery from the module tree) and without
+(units from the module stacks alone).
+
+Regenerate with ``HYPER_AC_UPDATE_GOLDEN=1 pytest tests/python/test_plan_identity.py``
+and justify every changed hash in the commit message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import ALL_MODELS, core_module, get_captured
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+HASHES = DATA / "plan_hashes.json"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+UPDATE = os.environ.get("HYPER_AC_UPDATE_GOLDEN") == "1"
+
+# Each mode on its own (the budget as the tests write it), then every preset file.
+MODE_CONFIGS = {
+    "mode:off": {"ac_mode": "off"},
+    "mode:full": {"ac_mode": "full"},
+    "mode:selective": {"ac_mode": "selective"},
+    "mode:auto": {"ac_mode": "auto"},
+    "mode:budget": {"ac_mode": "budget", "ac_memory_budget": 0.5},
+}
+PRESETS = ("auto", "budget", "flat", "full", "layers", "moe", "selective")
+JSON_GRAPHS = ("tiny_mlp",)  # tests/data/bad_dangling.json is invalid on purpose
+
+
+def _configs() -> dict:
+    out = dict(MODE_CONFIGS)
+    for name in PRESETS:
+        out[f"preset:{name}"] = str(CONFIGS / f"{name}.yaml")
+    return out
+
+
+def _graphs():
+    """(label, graph JSON text, live model or None) for every graph."""
+    from hyper_ac.serialize import serialize_graph
+
+    for name in ALL_MODELS:
+        c = get_captured(name)
+        yield f"model:{name}", c.json(), c.model
+        bare = json.dumps(serialize_graph(c.gm), separators=(",", ":"))
+        yield f"model:{name}:no-live-model", bare, None
+    for name in JSON_GRAPHS:
+        yield f"json:{name}", (DATA / f"{name}.json").read_text(), None
+
+
+def _plan_hash(core, graph: str, config, model) -> str:
+    from hyper_ac.config import ConfigError, load_config, op_policy_json
+
+    try:
+        cfg_json = load_config(config).json_for(model)
+        text = core.plan(graph, cfg_json, op_policy_json())
+    except (ValueError, RuntimeError, ConfigError) as error:
+        return f"error:{type(error).__name__}"  # the type only: messages may be reworded
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _compute() -> dict:
+    core = core_module()
+    configs = _configs()
+    out: dict = {}
+    for label, graph, model in _graphs():
+        out[label] = {key: _plan_hash(core, graph, cfg, model) for key, cfg in configs.items()}
+    return out
+
+
+def test_plans_are_byte_identical():
+    actual = _compute()
+    if UPDATE:
+        HASHES.write_text(json.dumps(actual, indent=1, sort_keys=True) + "\n")
+        return
+    if not HASHES.exists():
+        pytest.fail(f"{HASHES} is missing: run with HYPER_AC_UPDATE_GOLDEN=1 to create it", pytrace=False)
+    expected = json.loads(HASHES.read_text())
+    assert set(actual) == set(expected), "the graph list changed"
+    changed = [
+        f"{graph} × {cfg}: {expected[graph].get(cfg)} -> {value}"
+        for graph, by_cfg in sorted(actual.items())
+        for cfg, value in sorted(by_cfg.items())
+        if expected[graph].get(cfg) != value
+    ]
+    assert not changed, "plans changed (HYPER_AC_UPDATE_GOLDEN=1 rewrites the hashes):\n" + "\n".join(changed)
+    # Not vacuous: most pairs plan; an all-error table would hide nothing.
+    planned = sum(not v.startswith("error:") for by_cfg in actual.values() for v in by_cfg.values())
+    assert planned >= len(actual) * len(MODE_CONFIGS)
