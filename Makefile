@@ -30,7 +30,7 @@ test-python: build
 test: test-cpp test-python
 
 bench: build
-	$(PYTHON) -m hyper_ac bench
+	$(PYTHON) -m benchmarks
 
 clean:
 	rm -rf build

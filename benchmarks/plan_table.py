@@ -1,23 +1,23 @@
 """Per model and mode: nodes duplicated and saved-activation bytes before -> after.
 
-    python benchmarks/plan_table.py [--batch 4] [--seq 32]
+    python -m benchmarks.plan_table [--batch 4] [--seq 32]
 
 Captures each built-in model's joint graph once and asks the core for a plan in
-every mode (no training step; see `python -m hyper_ac bench` for measurements).
+every mode (no training step; see `python -m benchmarks` for measurements).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 import warnings
 
-from hyper_ac import _core, models
+import hyper_ac
+from hyper_ac import models
 from hyper_ac.capture import capture_joint
-from hyper_ac.config import load_config, op_policy_json
+from hyper_ac.config import mode_config
 
-MODES = {"full": {}, "selective": {}, "auto": {}, "budget": {"ac_memory_budget": 0.5}}
+MODES = ("full", "selective", "auto", "budget")
 
 
 def main() -> None:
@@ -37,16 +37,14 @@ def main() -> None:
         t1 = time.perf_counter()
         graph_json = captured.to_json()
         t2 = time.perf_counter()
-        for mode, extra in MODES.items():
-            cfg = load_config({"ac_mode": mode, **extra}).json_for(model)
-            t3 = time.perf_counter()
-            stats = json.loads(_core.plan(graph_json, cfg, op_policy_json()))["stats"]
-            t4 = time.perf_counter()
+        for mode in MODES:
+            result = hyper_ac.plan(graph_json, mode_config(mode), model)
+            stats = result.plan["stats"]
             met = "" if stats["budget_met"] else " (budget not met)"
             print(f"| {name} | {captured.num_nodes} | {t1 - t0:.2f} | {t2 - t1:.3f} | {mode} | "
                   f"{stats['nodes_duplicated']} | {stats['saved_bytes_before'] / 1024:.0f} KiB -> "
                   f"{stats['saved_bytes_after'] / 1024:.0f} KiB | {stats['simulated_peak_before'] / 1024:.0f} -> "
-                  f"{stats['simulated_peak_after'] / 1024:.0f} KiB{met} | {(t4 - t3) * 1e3:.1f} |")
+                  f"{stats['simulated_peak_after'] / 1024:.0f} KiB{met} | {result.plan_seconds * 1e3:.1f} |")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ _LAZY = {
     "backend": ("hyper_ac.backends", "backend"),
     "load_config": ("hyper_ac.config", "load_config"),
     "pareto": ("hyper_ac.passes", "pareto"),
+    "plan": ("hyper_ac.passes", "plan"),
 }
 
 

@@ -1,4 +1,7 @@
-"""Command line: ``python -m hyper_ac {demo,plan,config,op-policy,bench}``."""
+"""Command line: ``python -m hyper_ac {demo,plan,config,op-policy}``.
+
+The benchmark suite is not part of the package: ``python -m benchmarks`` from the checkout.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ def _demo(args: argparse.Namespace) -> int:
     import hyper_ac
     from hyper_ac import _core
     from hyper_ac.capture import capture_joint
+    from hyper_ac.config import mode_config
     from hyper_ac.models import TinyTransformer
 
     torch.manual_seed(0)
@@ -41,7 +45,7 @@ def _demo(args: argparse.Namespace) -> int:
         trained = copy.deepcopy(model)
         results: list = []
         compiled = torch.compile(
-            trained, backend=hyper_ac.backend({"ac_mode": mode, **_mode_extras(mode)}, model=trained,
+            trained, backend=hyper_ac.backend(mode_config(mode), model=trained,
                                               on_result=results.append), fullgraph=True)
         loss = compiled(tokens, tokens)
         loss.backward()
@@ -68,20 +72,16 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if all(same for _, _, same in rows) else 1
 
 
-def _mode_extras(mode: str) -> dict:
-    return {"ac_memory_budget": 0.5} if mode == "budget" else {}
-
-
 def _plan(args: argparse.Namespace) -> int:
+    import hyper_ac
     from hyper_ac import _core
     from hyper_ac.config import load_config, op_policy_json
 
     graph_json = open(args.graph).read()
-    cfg = load_config(args.config)
-    if args.print:
-        print(_core.print_plan(graph_json, cfg.to_json(), op_policy_json()), end="")
+    if args.print:  # the same plan, through the core's text printer
+        print(_core.print_plan(graph_json, load_config(args.config).json_for(None), op_policy_json()), end="")
     else:
-        print(json.dumps(json.loads(_core.plan(graph_json, cfg.to_json(), op_policy_json())), indent=1))
+        print(json.dumps(hyper_ac.plan(graph_json, args.config).plan, indent=1))
     return 0
 
 
@@ -101,11 +101,6 @@ def _op_policy(_args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] == "bench":
-        # Every option after `bench` is the benchmark's own (python -m hyper_ac bench --quick).
-        from hyper_ac import bench
-
-        return bench.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m hyper_ac", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="train a built-in transformer one step with and without the pass")
@@ -122,7 +117,6 @@ def main(argv: list[str] | None = None) -> int:
     config.set_defaults(func=_config)
     op_policy = sub.add_parser("op-policy", help="print the default operator policy table as JSON")
     op_policy.set_defaults(func=_op_policy)
-    sub.add_parser("bench", help="run the benchmark suite (see benchmarks/README.md); options go to it")
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -16,7 +16,29 @@ from hyper_ac.passes import ActivationCheckpointPass
 
 _LOG = logging.getLogger("hyper_ac")
 
-__all__ = ["backend"]
+__all__ = ["backend", "boxed_fx_compiler"]
+
+
+def boxed_fx_compiler(gm: fx.GraphModule, _example_inputs: Any):
+    """Run a partitioned module as FX code with the boxed calling convention.
+
+    The generated ``forward(args_list)`` unpacks and clears the list, so each
+    input (a saved activation, in the backward) is freed after its last use,
+    as Inductor's code does. ``make_boxed_func(gm.forward)`` (torch's
+    ``boxed_nop``) keeps the list alive in its frame, so every saved
+    activation would live until the backward returns.
+    """
+    from torch.fx.graph import _BoxedCodeGen
+
+    gm.graph.set_codegen(_BoxedCodeGen())
+    gm.recompile()
+    forward = gm.forward
+
+    def run(args: list):
+        return forward(args)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
 
 
 def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: str = "eager",
@@ -27,14 +49,14 @@ def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: s
     anything compiles. ``model`` (optional) gives scope discovery the live
     module's ``gradient_checkpointing`` blocks; without it the core finds the
     repeated blocks from the module stacks. ``compiler``: ``"eager"`` runs the
-    partitioned graphs as FX code; ``"inductor"`` compiles them with Inductor.
+    partitioned graphs as FX code (:func:`boxed_fx_compiler`); ``"inductor"`` compiles them with Inductor.
     ``tag_only=True`` only writes the policies and partitions with PyTorch's
     ``min_cut_rematerialization_partition``, which honours them.
     ``on_result(PassResult)`` is called after each graph is planned.
     """
     from torch._dynamo.backends.common import aot_autograd
 
-    from hyper_ac.capture import annotate_joint
+    from hyper_ac.annotate import annotate_joint
 
     cfg = load_config(config)
     if not isinstance(tag_only, bool):
@@ -79,24 +101,7 @@ def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: s
         fw_compiler = compile_fx_inner
         bw_compiler = functools.partial(compile_fx_inner, is_backward=True)
     else:
-
-        def run_as_fx(gm: fx.GraphModule, _example_inputs: Any):
-            # Boxed code unpacks and clears its argument list, so each saved
-            # activation is freed after its last use in the backward (as
-            # Inductor's code does), not when the whole backward returns.
-            from torch.fx.graph import _BoxedCodeGen
-
-            gm.graph.set_codegen(_BoxedCodeGen())
-            gm.recompile()
-            forward = gm.forward
-
-            def run(args: list):
-                return forward(args)
-
-            run._boxed_call = True  # type: ignore[attr-defined]
-            return run
-
-        fw_compiler = bw_compiler = run_as_fx
+        fw_compiler = bw_compiler = boxed_fx_compiler
 
     aot_backend = aot_autograd(fw_compiler=fw_compiler, bw_compiler=bw_compiler, partition_fn=partition_fn,
                                decompositions=decompositions)

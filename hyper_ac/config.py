@@ -3,6 +3,11 @@
 YAML (or a dict) goes in; the C++ core validates it (unknown keys with a
 did-you-mean, wrong types, conflicts) and returns its canonical form. Model
 adapters (``RecomputePolicy``) supply region patterns for a model type.
+
+The presets and the operator policy table ship inside the package
+(``hyper_ac/configs/``; the checkout's top-level ``configs`` links there):
+``load_config("full")``, ``load_config("full.yaml")`` and
+``load_config("configs/full.yaml")`` find them from any working directory.
 """
 
 from __future__ import annotations
@@ -17,9 +22,8 @@ import yaml
 
 from hyper_ac import _core
 
-_PACKAGE_DIR = Path(__file__).resolve().parent
-# configs/ sits beside the package in a checkout (editable install).
-CONFIG_DIR = _PACKAGE_DIR.parent / "configs"
+#: The presets and the default operator policy table (package data).
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 DEFAULT_OP_POLICY = CONFIG_DIR / "op_policy.yaml"
 
 ConfigError = _core.ConfigError
@@ -126,8 +130,36 @@ def _read_yaml(path: Path) -> Any:
         raise ConfigError(f"config file '{path}' is not valid YAML: {error}") from None
 
 
+def preset_names() -> list[str]:
+    """The presets shipped in :data:`CONFIG_DIR` (``load_config(name)`` loads one)."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem != "op_policy")
+
+
+def _resolve_path(path: Path) -> Optional[Path]:
+    """An existing file, else the preset it names: ``full``, ``full.yaml`` or ``configs/full.yaml``."""
+    if path.exists() or path.is_absolute():
+        return path if path.exists() else None
+    parts = path.parts[1:] if path.parts[:1] == ("configs",) else path.parts
+    if not parts:
+        return None
+    candidate = CONFIG_DIR.joinpath(*parts)
+    if not candidate.suffix:
+        candidate = candidate.with_suffix(".yaml")
+    return candidate if candidate.is_file() else None
+
+
+def mode_config(mode: str) -> dict:
+    """The config of one ``ac_mode`` with nothing else set. ``budget`` needs a
+    budget: it takes the ``budget`` preset's ``memory_budget`` (the one place
+    that fraction is written)."""
+    config: dict = {"ac_mode": mode}
+    if mode == "budget":
+        config["ac_memory_budget"] = load_config("budget").data["activation_checkpoint"]["memory_budget"]
+    return config
+
+
 def load_config(source: Union[str, os.PathLike, Mapping[str, Any], Config, None]) -> Config:
-    """Load and validate a config from a YAML path, a dict or a Config.
+    """Load and validate a config from a preset name, a YAML path, a dict or a Config.
 
     Raises ``hyper_ac.config.ConfigError`` (a ``ValueError``) naming the key.
     """
@@ -137,15 +169,10 @@ def load_config(source: Union[str, os.PathLike, Mapping[str, Any], Config, None]
         data: Any = {"ac_mode": "off"}
         label = "<none>"
     elif isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        if not path.exists() and not path.is_absolute():
-            # "selective.yaml" or "configs/selective.yaml" from any working directory.
-            for candidate in (CONFIG_DIR / path, CONFIG_DIR.parent / path):
-                if candidate.exists():
-                    path = candidate
-                    break
-        if not path.exists():
-            raise ConfigError(f"config file '{source}' does not exist (presets live in {CONFIG_DIR})")
+        path = _resolve_path(Path(source))
+        if path is None:
+            raise ConfigError(
+                f"config file '{source}' does not exist (presets, by name or path: {', '.join(preset_names())})")
         data = _read_yaml(path)
         label = str(path)
         if data is None:

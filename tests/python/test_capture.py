@@ -10,8 +10,10 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from hyper_ac import capture, models
-from hyper_ac.capture import CaptureError, annotate_joint, capture_joint, normalize_module_path
+from hyper_ac import annotate, capture, models, module_path
+from hyper_ac.annotate import annotate_joint
+from hyper_ac.capture import CaptureError, capture_joint
+from hyper_ac.module_path import normalize_module_path
 
 
 # --------------------------------------------------------------------------
@@ -294,7 +296,7 @@ def test_normalize_module_path(path, want):
 
 def test_mangled_and_wrapper_paths_resolve_against_model():
     model = models.build("transformer")
-    resolver = capture._ModulePathResolver(model, "", [])
+    resolver = module_path._ModulePathResolver(model, "", [])
     # legacy mangled dynamo names
     assert resolver.resolve("L__self___layers_0_self_attn", "L__self___layers_0_self_attn", "SelfAttention") == "layers.0.self_attn"
     # an unknown wrapper prefix in front of a real path
@@ -435,7 +437,7 @@ def test_buffer_mutation_is_a_forward_output_and_model_is_restored(route):
     cg = capture_joint(model, torch.randn(4, 8), route=route)
     # running_mean, running_var, num_batches_tracked written back + the loss
     assert cg.num_fwd_outputs == 4
-    assert capture.num_forward_outputs_from_descs(cg.graph_module) == 4
+    assert annotate.num_forward_outputs_from_descs(cg.graph_module) == 4
     sources = {v: cg.roles[k] for k, v in cg.annotation.sources.items()}
     assert sources == {
         "lin.weight": "parameter", "lin.bias": "parameter", "bn.weight": "parameter", "bn.bias": "parameter",

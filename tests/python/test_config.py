@@ -10,7 +10,7 @@ import pytest
 from hyper_ac import config as hc
 from hyper_ac.config import ConfigError, RecomputePolicy, load_config
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = hc.CONFIG_DIR  # hyper_ac/configs: package data
 
 
 @pytest.mark.parametrize("preset", sorted(p.name for p in CONFIGS.glob("*.yaml") if p.name != "op_policy.yaml"))
@@ -21,6 +21,38 @@ def test_every_preset_loads(preset):
 
 def test_presets_found_by_name():
     assert load_config("selective.yaml").mode == "selective"
+
+
+def test_presets_resolve_by_name_and_path_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no configs/ here: the package's own presets answer
+    for source in ("full", "full.yaml", "configs/full.yaml", hc.CONFIG_DIR / "full.yaml"):
+        cfg = load_config(source)
+        assert cfg.mode == "full", source
+        assert Path(cfg.source) == hc.CONFIG_DIR / "full.yaml", source
+    assert load_config("budget").mode == "budget"
+    assert hc.preset_names() == ["auto", "budget", "flat", "full", "layers", "moe", "selective"]
+    # a file of the same name in the working directory wins over the preset
+    (tmp_path / "full.yaml").write_text("ac_mode: selective\n")
+    assert load_config("full.yaml").mode == "selective"
+    with pytest.raises(ConfigError, match=r"'fulll' does not exist.*full"):
+        load_config("fulll")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config("op_policy/../nope")
+
+
+def test_backend_accepts_a_preset_name():
+    import hyper_ac
+
+    assert callable(hyper_ac.backend("auto"))
+    assert hyper_ac.backend("auto").aot_backend is not None
+
+
+def test_mode_config_takes_the_budget_from_the_budget_preset():
+    preset = load_config("budget").data["activation_checkpoint"]["memory_budget"]
+    assert hc.mode_config("budget") == {"ac_mode": "budget", "ac_memory_budget": preset}
+    assert hc.mode_config("auto") == {"ac_mode": "auto"}
+    for mode in ("off", "full", "selective", "auto", "budget"):
+        assert load_config(hc.mode_config(mode)).mode == mode
 
 
 def test_unquoted_off_in_yaml_is_mode_off(tmp_path):

@@ -277,6 +277,23 @@ def test_plan_is_deterministic():
         assert _core.plan(graph_json, cfg, op_policy_json()) == _core.plan(graph_json, cfg, op_policy_json())
 
 
+def test_plan_takes_a_graph_module_json_text_or_dict_alike(captured):
+    c = captured("transformer")
+    gm = copy.deepcopy(c.gm)
+    text = c.captured.to_json()
+    from_gm = hyper_ac.plan(gm, "auto", c.model)
+    assert from_gm.plan["duplicates"], "auto should recompute something on the transformer"
+    assert hyper_ac.plan(text, "auto", c.model).plan == from_gm.plan
+    assert hyper_ac.plan(json.loads(text), "auto", c.model).plan == from_gm.plan
+    assert from_gm.mode == "auto" and from_gm.plan_seconds > 0
+    # the pass plans through the same entry
+    ac_pass = ActivationCheckpointPass("auto")
+    ac_pass.run(gm, model=c.model)
+    assert ac_pass.result.plan == from_gm.plan
+    with pytest.raises(TypeError, match="hyper_ac.plan: graph must be"):
+        hyper_ac.plan(42, "auto")
+
+
 def test_pareto_frontier_is_monotone():
     model = models.build("transformer")
     gm = capture_joint(model, **models.example_batch("transformer")).graph_module

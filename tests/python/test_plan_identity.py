@@ -28,7 +28,6 @@ from conftest import ALL_MODELS, core_module, get_captured
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 HASHES = DATA / "plan_hashes.json"
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 UPDATE = os.environ.get("HYPER_AC_UPDATE_GOLDEN") == "1"
 
 # Each mode on its own (the budget as the tests write it), then every preset file.
@@ -44,6 +43,8 @@ JSON_GRAPHS = ("tiny_mlp",)  # tests/data/bad_dangling.json is invalid on purpos
 
 
 def _configs() -> dict:
+    from hyper_ac.config import CONFIG_DIR as CONFIGS
+
     out = dict(MODE_CONFIGS)
     for name in PRESETS:
         out[f"preset:{name}"] = str(CONFIGS / f"{name}.yaml")

@@ -13,7 +13,7 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from hyper_ac import capture, models, serialize
+from hyper_ac import capture, models, op_facts
 from hyper_ac.serialize import discover_units, serialize_graph, to_json
 
 # --------------------------------------------------------------------------
@@ -295,7 +295,7 @@ def test_mm_flops_small(small_doc):
     ],
 )
 def test_op_facts_from_schema(op, mutated, aliased, view):
-    f = serialize.op_facts(op)
+    f = op_facts.op_facts(op)
     assert f.mutated == mutated and f.aliased == aliased and f.view == view
 
 
@@ -310,7 +310,7 @@ def test_view_flag_agrees_with_torch_for_every_aten_tensor_op():
             op = getattr(packet, overload)
             if not any(str(r.type) in ("Tensor", "List[Tensor]", "Optional[Tensor]") for r in op._schema.returns):
                 continue
-            if serialize.op_facts(op).view != op.is_view:
+            if op_facts.op_facts(op).view != op.is_view:
                 disagree.append(str(op))
     assert disagree == []
 
@@ -394,7 +394,7 @@ def test_target_names():
         g.call_function(torch.sym_max, (x, x)),
         g.call_function(torch.ops.higher_order.tag_activation_checkpoint, (x,)),
     ]
-    names = [serialize.target_name(n) for n in nodes]
+    names = [op_facts.target_name(n) for n in nodes]
     assert names[:3] == ["aten::mm.default", "aten::add.Tensor", "operator.getitem"]
     assert names[3] == "math.ceil"
     assert names[4] == "torch.sym_max"

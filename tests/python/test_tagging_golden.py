@@ -35,7 +35,8 @@ import torch.nn.functional as F
 
 _core = pytest.importorskip("hyper_ac._core", reason="hyper_ac._core not built (make build)")
 
-from hyper_ac import capture, config, models, serialize  # noqa: E402  (config imports _core)
+from hyper_ac import annotate, capture, config, models, serialize  # noqa: E402  (config imports _core)
+from hyper_ac.op_facts import target_name  # noqa: E402
 
 GOLDEN_DIR = Path(__file__).resolve().parents[1] / "data" / "golden"
 UPDATE = os.environ.get("HYPER_AC_UPDATE_GOLDEN") == "1"
@@ -109,7 +110,7 @@ class Planned:
             fqn = innermost(n)
             if under is not None and not (fqn == under or fqn.startswith(under + ".")):
                 continue
-            if target is not None and serialize.target_name(n) != target and not serialize.target_name(n).startswith(target + "."):
+            if target is not None and target_name(n) != target and not target_name(n).startswith(target + "."):
                 continue
             out.append(n)
         return out
@@ -202,14 +203,14 @@ def test_modes(mode):
     outside = [n.name for n in p.forward() if not innermost(n).startswith("layers.")]
     assert outside and all(p.policy(n) is None for n in outside), "nodes outside the units are never tagged"
     in_blocks = block_nodes(p, 0) + block_nodes(p, 1)
-    mms = [n.name for n in in_blocks if serialize.target_name(n) in ("aten::mm.default", "aten::addmm.default")]
+    mms = [n.name for n in in_blocks if target_name(n) in ("aten::mm.default", "aten::addmm.default")]
     assert len(mms) == 12
     if mode == "off":
         assert p.policies == {} and "#" not in p.text
         assert p.plan["duplicates"] == []
         return
     assert all(p.policy(n.name) is not None for n in in_blocks), "every forward node of a unit is tagged"
-    sdpa = [n.name for n in in_blocks if "scaled_dot_product" in serialize.target_name(n)]
+    sdpa = [n.name for n in in_blocks if "scaled_dot_product" in target_name(n)]
     assert len(sdpa) == 2
     for name in sdpa:  # the CPU flash kernel's schema is nondeterministic_seeded (dropout_p): saved in every mode
         assert (p.policy(name), p.reason(name)) == ("MUST_SAVE", "rng")
@@ -379,8 +380,8 @@ def test_rng_save():
         p = plan(gm, model, {"ac_mode": mode})
         if mode == "selective":
             check_golden("rng", p.text)
-        rng = [n.name for n in p.forward() if "dropout" in serialize.target_name(n) or "bernoulli" in serialize.target_name(n)]
-        targets = sorted({serialize.target_name(p.nodes[n]).split(".")[0] for n in rng})
+        rng = [n.name for n in p.forward() if "dropout" in target_name(n) or "bernoulli" in target_name(n)]
+        targets = sorted({target_name(p.nodes[n]).split(".")[0] for n in rng})
         assert targets == ["aten::bernoulli", "aten::native_dropout"], targets
         assert len(rng) == 4
         for name in rng:
@@ -537,7 +538,7 @@ def test_getitem_inheritance():
     producers = {}
     for node in p.forward("layers", "operator.getitem"):
         parent = node.args[0]
-        producers.setdefault(serialize.target_name(parent), set()).add(parent.name)
+        producers.setdefault(target_name(parent), set()).add(parent.name)
         assert p.reason(node.name) == "inherited", p.line(node.name)
         assert p.policy(node.name) == p.policy(parent.name), p.line(node.name)
         assert "(inherited)" in p.line(node.name)
@@ -623,7 +624,7 @@ def _inplace_joint():
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     placeholders[-1].target = placeholders[-1].name = "tangents_1"
     gm.recompile()
-    capture.annotate_joint(gm, 1, model=model, input_roles=["parameter"] * len(params) + ["input"])
+    annotate.annotate_joint(gm, 1, model=model, input_roles=["parameter"] * len(params) + ["input"])
     for i, node in enumerate(gm.graph.nodes):
         if not node.meta["autograd_backward"]:
             stack = [(fqn, typ) for fqn, typ, start, end in ranges if start <= i < end]
@@ -641,10 +642,10 @@ def test_inplace_views():
         base = p.one(blk, "aten::mul")  # h = a(x) * 2.0
         written_view = p.nodes[add_].args[0]  # h.view(2, -1)
         sibling = p.nodes[mul_].args[0]  # h[:1]
-        assert serialize.target_name(written_view) == "aten::view.default" and written_view.args[0].name == base
-        assert serialize.target_name(sibling) == "aten::slice.Tensor" and sibling.args[0].name == base
+        assert target_name(written_view) == "aten::view.default" and written_view.args[0].name == base
+        assert target_name(sibling) == "aten::slice.Tensor" and sibling.args[0].name == base
         tail = [n for n in p.forward(blk, "aten::slice") if n is not sibling and any(
-            serialize.target_name(u) == "aten::sum.default" for u in n.users)]
+            target_name(u) == "aten::sum.default" for u in n.users)]
         assert len(tail) == 1
         reader_of_base = p.one(blk, "aten::exp")
         reader_of_sibling = next(u.name for u in tail[0].users)
@@ -711,7 +712,7 @@ def test_moe_exclude_experts(fake_group):
     assert sorted(p.plan["excluded"]) == ["layers.0.experts", "layers.1.experts"]
     for i in (0, 1):
         experts = p.forward(f"layers.{i}.experts")
-        grouped = [n for n in experts if serialize.target_name(n) == "aten::_grouped_mm.default"]
+        grouped = [n for n in experts if target_name(n) == "aten::_grouped_mm.default"]
         assert len(grouped) == 2
         assert all(p.policy(n.name) is None for n in experts), "excluded experts stay untagged"
         # their activation input (the routed tokens) is rebuilt in backward, not kept

@@ -1,0 +1,208 @@
+"""Benchmark suite: ``python -m benchmarks [--quick] [--models ...] [--out DIR]`` (from the checkout).
+
+Three parts (benchmarks/README.md explains every column):
+
+1. **step** (``benchmarks.step``): one training step (forward + backward) of
+   each model under each strategy — no checkpointing, PyTorch's min-cut
+   partitioner (default and with ``activation_memory_budget``), eager
+   ``torch.utils.checkpoint`` per layer, and hyper_ac ``full`` /
+   ``selective`` / ``auto`` / ``budget`` through ``torch.compile`` — with
+   measured peak memory, activation bytes saved for backward, recompute
+   FLOPs, step time, planning time, bitwise loss/gradient equality, and the
+   simulated peak the core predicts next to the measured one.
+2. **scaling** (``benchmarks.scaling``, ``benchmarks.replicate``,
+   ``benchmarks.flow``): time to plan the same joint graphs with hyper_ac and
+   with PyTorch's ``min_cut_rematerialization_partition`` from ~1k to 100k+
+   nodes, the C++ core alone at ~1M nodes, and the core's max-flow against
+   ``networkx.minimum_cut`` on the same flow network.
+3. **outputs** (``benchmarks.report``): ``results.md``, ``results.csv``,
+   ``scaling.csv``, ``flow.csv``, ``pareto.json`` and PNG plots under
+   ``--out`` (default ``benchmarks/results``; ``--quick`` without ``--out``
+   writes to a fresh temporary directory, never over the committed results).
+
+Nothing here asserts a timing: targets are reported as ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import os
+import platform
+import sys
+import time
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Optional
+
+from benchmarks.common import DEFAULT_MODELS, ModelSpec, QUICK_MODELS, QUICK_STRATEGIES, STRATEGIES, ScalingOptions, _first_line
+from benchmarks.step import StepOptions, run_pareto, run_step_benchmark
+from benchmarks.scaling import run_scaling
+from benchmarks.report import STEP_COLUMNS, _write_csv, render_markdown, render_plots
+
+#: The committed results (results.md, CSVs, plots) a full run writes.
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+# --------------------------------------------------------------------------
+# entry point
+# --------------------------------------------------------------------------
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, one model, few strategies (< 60 s)")
+    parser.add_argument("--models", nargs="+", default=None, help=f"models (default: {' '.join(DEFAULT_MODELS)})")
+    parser.add_argument("--strategies", nargs="+", default=None, choices=STRATEGIES, metavar="S",
+                        help=f"strategies (default: all of {' '.join(STRATEGIES)})")
+    parser.add_argument("--out", default=None,
+                        help=f"output directory (default {RESULTS_DIR}; with --quick a fresh temporary directory, "
+                             "so a smoke run never overwrites the committed results)")
+    parser.add_argument("--layers", type=int, default=None)
+    parser.add_argument("--hidden", type=int, default=None)
+    parser.add_argument("--seq", type=int, default=None)
+    parser.add_argument("--batch", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per cell (median)")
+    parser.add_argument("--parts", nargs="+", default=["step", "scaling"], choices=["step", "scaling"])
+    parser.add_argument("--captured-layers", nargs="+", type=int, default=None)
+    parser.add_argument("--synthetic-layers", nargs="+", type=int, default=None)
+    parser.add_argument("--core-nodes", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (default 1: stable timings on a shared machine)")
+    parser.add_argument("--fx-runner", choices=["boxed", "plain"], default="boxed",
+                        help="compiled strategies run their modules as boxed FX code that frees inputs at last use "
+                             "(default, like Inductor) or as the backend's own runner (plain)")
+    parser.add_argument("--no-plots", action="store_true")
+    return parser.parse_args(argv)
+
+
+def output_dir(args: argparse.Namespace) -> Path:
+    """``--out`` when given; else a fresh temporary directory for ``--quick``
+    (a smoke run never overwrites the committed results), else :data:`RESULTS_DIR`."""
+    if args.out is not None:
+        return Path(args.out)
+    if args.quick:
+        return Path(tempfile.mkdtemp(prefix="hyper_ac_bench_quick_"))
+    return RESULTS_DIR
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    args = _parse(argv)
+    import torch
+
+    started = time.perf_counter()
+    out_dir = output_dir(args)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    torch.manual_seed(0)
+    threads_before = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.quick:
+        spec = ModelSpec(layers=2, hidden=64, heads=4, seq=32, batch=2)
+        models = tuple(args.models or QUICK_MODELS)
+        strategies = tuple(args.strategies or QUICK_STRATEGIES)
+        timed = 3
+        scaling_opts = ScalingOptions(captured_layers=(4,), synthetic_layers=(8,), validate_layers=4,
+                                      core_nodes=20_000, flow_layers=(4, 8), networkx_limit_seconds=10,
+                                      best_of_small=1, core_repeat=1)
+    else:
+        spec = ModelSpec()
+        models = tuple(args.models or DEFAULT_MODELS)
+        strategies = tuple(args.strategies or STRATEGIES)
+        timed = 7
+        scaling_opts = ScalingOptions()
+    spec = ModelSpec(layers=args.layers or spec.layers, hidden=args.hidden or spec.hidden, heads=spec.heads,
+                     seq=args.seq or spec.seq, batch=args.batch or spec.batch)
+    if args.captured_layers:
+        scaling_opts.captured_layers = tuple(args.captured_layers)
+    if args.synthetic_layers:
+        scaling_opts.synthetic_layers = tuple(args.synthetic_layers)
+    if args.core_nodes:
+        scaling_opts.core_nodes = args.core_nodes
+    # the references run first so every ratio can be computed
+    order = [s for s in ("none", "eager", "torch_mincut") if s in strategies]
+    strategies = tuple(order + [s for s in strategies if s not in order])
+
+    from hyper_ac import memory
+
+    if not memory.is_available():
+        log("hyper_ac._memory is not built: peak memory columns stay empty")
+
+    step_rows: list[dict] = []
+    pareto: dict = {}
+    if "step" in args.parts:
+        log(f"step benchmark: {len(models)} model(s) x {len(strategies)} strategies, {spec}")
+        step_rows, extras = run_step_benchmark(models, strategies, StepOptions(spec, timed_steps=args.steps or timed, runner=args.fx_runner), log)
+        pareto = run_pareto(extras, log)
+        del extras
+        gc.collect()
+
+    scaling: list[dict] = []
+    core_rows: list[dict] = []
+    flow_rows: list[dict] = []
+    notes: dict = {}
+    if "scaling" in args.parts:
+        log("planning-time scaling")
+        try:
+            scaling, core_rows, flow_rows, notes = run_scaling(scaling_opts, log)
+        except Exception as exc:
+            notes["error"] = _first_line(exc)
+            log(f"  scaling failed: {notes['error']}")
+            if os.environ.get("HYPER_AC_BENCH_TRACEBACK"):
+                traceback.print_exc()
+
+    try:
+        import transformers
+
+        tf_version = transformers.__version__
+    except ImportError:  # pragma: no cover
+        tf_version = "-"
+    meta = {
+        "command": "python -m benchmarks " + " ".join(argv),
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPU threads, {platform.python_implementation()} "
+                   f"{platform.python_version()}",
+        "torch": torch.__version__,
+        "transformers": tf_version,
+        "spec": dataclasses.asdict(spec),
+        "quick": args.quick,
+        "models": list(models),
+        "strategies": list(strategies),
+        "threads": torch.get_num_threads(),
+        "core_repeat": scaling_opts.core_repeat,
+        "fx_runner": args.fx_runner,
+    }
+    if step_rows:
+        _write_csv(out_dir / "results.csv", step_rows, STEP_COLUMNS)
+    if scaling:
+        _write_csv(out_dir / "scaling.csv", scaling)
+    if core_rows:
+        _write_csv(out_dir / "core.csv", core_rows)
+    if flow_rows:
+        _write_csv(out_dir / "flow.csv", flow_rows)
+    if pareto:
+        with open(out_dir / "pareto.json", "w") as f:
+            json.dump(pareto, f, indent=1, default=str)
+    plots = [] if args.no_plots or args.quick else render_plots(out_dir, step_rows, pareto, scaling, core_rows, log)
+    meta["total_seconds"] = time.perf_counter() - started
+    meta["notes"] = notes
+    meta["plots"] = plots
+    (out_dir / "results.md").write_text(render_markdown(meta, step_rows, pareto, scaling, core_rows, flow_rows, notes))
+    with open(out_dir / "meta.json", "w") as f:
+        json.dump(meta, f, indent=1, default=str)
+    log(f"wrote {out_dir}/results.md ({meta['total_seconds']:.0f} s)")
+    print((out_dir / "results.md").read_text())
+    torch.set_num_threads(threads_before)
+    failed = [r for r in step_rows if r.get("status") == "ok" and r.get("grads_equal") is False]
+    return 1 if failed else 0

@@ -1,0 +1,281 @@
+"""Shared pieces of the benchmark: strategy names, model sizes, small helpers, FX FLOPs, scaling options and the C++ CLI's stage timings."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import re
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+
+STRATEGIES = (
+    "none",          # aot_autograd + default_partition: save everything the backward reads
+    "torch_mincut",  # aot_autograd + min_cut_rematerialization_partition (defaults)
+    "torch_budget",  # the same with torch._functorch.config.activation_memory_budget = budget_fraction()
+    "eager",         # plain eager step (reference for the eager checkpoint)
+    "eager_ckpt",    # eager torch.utils.checkpoint(use_reentrant=False) per layer
+    "full",          # hyper_ac modes through torch.compile(backend=hyper_ac.backend(...))
+    "selective",
+    "auto",
+    "budget",
+)
+HAC_MODES = ("full", "selective", "auto", "budget")
+TORCH_AOT = ("none", "torch_mincut", "torch_budget")
+EAGER = ("eager", "eager_ckpt")
+DEFAULT_MODELS = ("transformer", "gpt2", "llama", "mixtral", "bert")
+QUICK_MODELS = ("transformer",)
+QUICK_STRATEGIES = ("none", "torch_mincut", "eager", "eager_ckpt", "full", "selective", "auto")
+MEMORY_TRUTH_MODELS = ("transformer", "gpt2", "llama")
+
+MiB = 2.0**20
+
+
+# --------------------------------------------------------------------------
+# small helpers
+# --------------------------------------------------------------------------
+
+
+def _progress(iterable: Iterable, **kwargs: Any) -> Iterable:
+    """tqdm when installed (progress on stderr), the plain iterable otherwise."""
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm is optional
+        return iterable
+    return tqdm(iterable, file=sys.stderr, dynamic_ncols=True, **kwargs)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:200]
+
+
+def _median(xs: Sequence[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def _best(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
+    best, value = math.inf, None
+    for _ in range(max(1, repeat)):
+        t0 = time.perf_counter()
+        value = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, value
+
+
+def _ratio(a: Any, b: Any) -> Optional[float]:
+    try:
+        if a is None or b is None or b == 0 or (isinstance(a, float) and math.isnan(a)):
+            return None
+        return float(a) / float(b)
+    except (TypeError, ValueError):
+        return None
+
+
+def _quiet() -> contextlib.ExitStack:
+    stack = contextlib.ExitStack()
+    stack.enter_context(warnings.catch_warnings())
+    warnings.simplefilter("ignore")
+    return stack
+
+
+# --------------------------------------------------------------------------
+# models
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    layers: int = 4
+    hidden: int = 128
+    heads: int = 4
+    seq: int = 128
+    batch: int = 4
+
+
+def build_model(name: str, spec: ModelSpec):
+    from hyper_ac import models
+
+    if name == "transformer":
+        return models.build("transformer", spec.layers, dim=spec.hidden, heads=spec.heads, max_seq=spec.seq)
+    return models.build(name, spec.layers, hidden=spec.hidden, heads=spec.heads, max_seq=spec.seq)
+
+
+def build_batch(name: str, spec: ModelSpec) -> dict:
+    from hyper_ac import models
+
+    return models.example_batch(name, batch=spec.batch, seq=spec.seq)
+
+
+def _loss_of(out: Any):
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return out
+    loss = getattr(out, "loss", None)
+    if loss is None and isinstance(out, dict):
+        loss = out.get("loss")
+    if loss is None:
+        raise ValueError(f"model output {type(out).__name__} carries no loss")
+    return loss
+
+
+# --------------------------------------------------------------------------
+# FLOPs of FX graphs (torch.utils.flop_counter's registry, as the serialiser)
+# --------------------------------------------------------------------------
+
+
+def graph_flops(gm) -> float:
+    """Sum of flop_counter-registry FLOPs over the call_function nodes of ``gm``."""
+    import torch
+
+    from hyper_ac import op_facts, serialize
+
+    total = 0.0
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        facts = op_facts.op_facts(node.target)
+        if facts.flop_formula is not None:
+            total += op_facts._flops(node, facts, serialize.UNBACKED_FALLBACK)
+    return total
+
+
+def _val_bytes(val: Any) -> int:
+    import torch
+
+    if isinstance(val, torch.Tensor):
+        return val.numel() * val.element_size()
+    if isinstance(val, (list, tuple)):
+        return sum(_val_bytes(v) for v in val)
+    return 0
+
+
+def _int_bytes(val: Any) -> int:
+    try:
+        return int(_val_bytes(val))
+    except Exception:  # symbolic sizes: not needed for the figures here
+        return 0
+
+
+
+
+# --------------------------------------------------------------------------
+# scaling options and the C++ CLI's stage timings (read by scaling and flow)
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class ScalingOptions:
+    captured_layers: Sequence[int] = (4, 16, 64)
+    synthetic_layers: Sequence[int] = (288, 576)
+    template_layers: int = 3
+    validate_layers: int = 16
+    dim: int = 64
+    seq: int = 32
+    torch_limit_seconds: float = 240.0  # skip PyTorch's partitioner beyond the first size slower than this
+    core_nodes: int = 1_000_000
+    core_repeat: int = 2  # best of n for the parse and each plan at ~1M nodes
+    core_modes: Sequence[str] = ("auto",)
+    flow_layers: Sequence[int] = (64, 288, 576)
+    networkx_limit_seconds: float = 120.0
+    repeat: int = 1
+    best_of_small: int = 3  # best of n below 20k nodes
+
+
+
+_TIMINGS_RE = re.compile(
+    r"timings: load (?P<load>\S+) s, scope (?P<scope>\S+) s, tag (?P<tag>\S+) s, min-cut (?P<mincut>\S+) s, "
+    r"remat (?P<remat>\S+) s, simulate (?P<simulate>\S+) s, plan total (?P<total>\S+) s")
+
+
+def plan_cli() -> Optional[str]:
+    """The core's command-line planner (``hyper-ac-plan``), if built: it reports per-stage wall times."""
+    import shutil
+
+    candidates = [os.environ.get("HYPER_AC_PLAN_CLI"),
+                  str(Path(__file__).resolve().parent.parent / "build" / "py" / "hyper-ac-plan"),
+                  shutil.which("hyper-ac-plan")]
+    for c in candidates:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    return None
+
+
+def cli_timings(text: str, mode: str, repeat: int = 1) -> Optional[dict]:
+    """Stage timings of ``hyper-ac-plan GRAPH --config ... --timings`` (best of ``repeat`` per stage).
+
+    Keys: load (JSON read + parse + validate), scope, tag, mincut, remat,
+    simulate, total (the plan after the load). None when the CLI is not
+    built or prints no timings line.
+    """
+    import subprocess
+    import tempfile
+
+    from hyper_ac.config import load_config, op_policy_json
+
+    cli = plan_cli()
+    if cli is None:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        graph, cfg, table = (os.path.join(tmp, n) for n in ("graph.json", "config.json", "op_policy.json"))
+        with open(graph, "w") as f:
+            f.write(text)
+        with open(cfg, "w") as f:
+            f.write(load_config(hac_config(mode)).json_for(None))
+        with open(table, "w") as f:
+            f.write(op_policy_json())
+        best: Optional[dict] = None
+        for _ in range(max(1, repeat)):
+            run = subprocess.run([cli, graph, "--config", cfg, "--op-policy", table, "--timings"],
+                                 capture_output=True, text=True)
+            m = _TIMINGS_RE.search(run.stderr + run.stdout)
+            if run.returncode != 0 or m is None:
+                return None
+            got = {k: float(v) for k, v in m.groupdict().items()}
+            best = got if best is None else {k: min(best[k], got[k]) for k in got}
+    return best
+
+
+def _solve_seconds(plan: dict) -> Optional[float]:
+    """The core's own max-flow time, if a plan reports it (not in plan format v1 yet)."""
+    for where in (plan.get("stats", {}), plan.get("timings", {}) or {}):
+        for key in ("mincut_seconds", "solve_seconds", "max_flow_seconds"):
+            if isinstance(where.get(key), (int, float)):
+                return float(where[key])
+    return None
+
+
+
+
+def hac_config(mode: str) -> dict:
+    """The config of one hyper_ac mode (the budget from the ``budget`` preset)."""
+    from hyper_ac.config import mode_config
+
+    return mode_config(mode)
+
+
+def budget_fraction() -> float:
+    """The activation-memory fraction of ``budget`` (hyper_ac) and ``torch_budget`` (PyTorch)."""
+    return float(hac_config("budget")["ac_memory_budget"])
+
+
+def best_plan(graph: Any, mode: str, repeat: int) -> tuple[float, dict]:
+    """``hyper_ac.plan`` on a graph (JSON text or annotated GraphModule), best of
+    ``repeat``: (seconds in the core's plan call, the plan)."""
+    import hyper_ac
+
+    best = None
+    for _ in range(max(1, repeat)):
+        result = hyper_ac.plan(graph, hac_config(mode))
+        if best is None or result.plan_seconds < best.plan_seconds:
+            best = result
+    return best.plan_seconds, best.plan
+
+

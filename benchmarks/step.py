@@ -1,0 +1,256 @@
+"""Part 1: one training step per (model, strategy), and the Pareto frontier of the captured graphs."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import math
+import os
+import time
+import traceback
+from typing import Any, Callable, Optional, Sequence
+
+from benchmarks.common import EAGER, HAC_MODES, ModelSpec, _first_line, _loss_of, _median, _progress, _quiet, _ratio, build_batch, build_model
+from benchmarks.harness import _Probe, _make_step_fn, _storage_ptrs, joint_run_peak
+
+# --------------------------------------------------------------------------
+# part 1: one training step per (model, strategy)
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class StepOptions:
+    spec: ModelSpec
+    timed_steps: int = 3
+    runner: str = "boxed"  # how compiled strategies run their fw/bw modules: "boxed" or "plain" (see hyper_ac.backends.boxed_fx_compiler)
+
+
+def _grads(model: Any) -> list:
+    return [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
+
+
+def _clear_grads(model: Any) -> None:
+    for p in model.parameters():
+        p.grad = None
+
+
+def _equal(a: Any, b: Any) -> bool:
+    import torch
+
+    if a is None or b is None:
+        return a is None and b is None
+    return a.shape == b.shape and torch.equal(a, b)
+
+
+def _max_diff(xs: list, ys: list) -> float:
+    worst = 0.0
+    for a, b in zip(xs, ys):
+        if a is None or b is None or a.shape != b.shape:
+            if (a is None) != (b is None) or (a is not None and a.shape != b.shape):
+                return math.inf
+            continue
+        worst = max(worst, float((a.double() - b.double()).abs().max()) if a.numel() else 0.0)
+    return worst
+
+
+def run_strategy(name: str, strategy: str, opts: StepOptions) -> tuple[dict, Optional[tuple]]:
+    """One (model, strategy) cell: returns (row, (loss, grads, probe, model))."""
+    import torch
+    import torch._dynamo
+    import torch._functorch.config as functorch_config
+
+    from hyper_ac import memory
+
+    torch._dynamo.reset()
+    row: dict = {"model": name, "strategy": strategy, "status": "ok", "error": ""}
+    model = build_model(name, opts.spec)
+    batch = build_batch(name, opts.spec)
+    probe = _Probe()
+    probe.exclude = _storage_ptrs([*model.parameters(), *model.buffers(), *batch.values()])
+    with _quiet(), functorch_config.patch(enable_autograd_cache=False):
+        fn = _make_step_fn(strategy, model, probe, opts.runner)
+
+        def step() -> Any:
+            loss = _loss_of(fn(**batch))
+            loss.backward()
+            return loss.detach()
+
+        # warm-up / compile step: compile-time allocations never reach the measured step
+        t0 = time.perf_counter()
+        step()
+        row["compile_seconds"] = time.perf_counter() - t0
+        _clear_grads(model)
+        gc.collect()
+
+        # measured step: peak memory and what the forward keeps for the backward
+        hooks = (torch.autograd.graph.saved_tensors_hooks(lambda t: (probe.record([t]), t)[1], lambda t: t)
+                 if strategy in EAGER else contextlib.nullcontext())
+        probe.saved.clear()
+        tracker = memory.track() if memory.is_available() else None
+        with (tracker if tracker is not None else contextlib.nullcontext()):
+            probe.recording = True
+            with hooks:
+                out = fn(**batch)
+                loss = _loss_of(out)
+                del out
+            probe.recording = False
+            retained = tracker.current_bytes if tracker is not None else None
+            loss.backward()
+        loss = loss.detach()
+        grads = _grads(model)
+        row["peak_bytes"] = tracker.peak_bytes if tracker is not None else None
+        row["fwd_retained_bytes"] = retained
+        row["saved_bytes"] = probe.saved_bytes
+        row["saved_tensors"] = len(probe.saved)
+
+        # step time: median of timed steps
+        times = []
+        for _ in range(opts.timed_steps):
+            _clear_grads(model)
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+        row["step_seconds"] = _median(times)
+        row["step_seconds_min"] = min(times) if times else None
+
+        # FLOPs
+        if strategy in EAGER:
+            from torch.utils.flop_counter import FlopCounterMode
+
+            _clear_grads(model)
+            counter = FlopCounterMode(display=False)
+            with counter:
+                step()
+            row["step_flops"] = float(counter.get_total_flops())
+        else:
+            row["step_flops"] = probe.fw_flops + probe.bw_flops
+            row["saved_values_graph"] = probe.saved_values_graph
+            row["saved_bytes_graph"] = probe.saved_bytes_graph
+            row["joint_nodes"] = probe.joint_nodes
+            row["resident_bytes"] = probe.resident_bytes
+            row["plan_seconds"] = probe.plan_seconds
+        _clear_grads(model)
+
+    if strategy == "none" or strategy in HAC_MODES:
+        try:
+            with _quiet():
+                row["joint_run_peak_bytes"] = joint_run_peak(probe)
+        except Exception as exc:  # a diagnostic column: never fail the cell for it
+            row["joint_run_error"] = _first_line(exc)
+    probe.joint_graph = None
+    if strategy in HAC_MODES:
+        if not probe.results:
+            raise RuntimeError("hyper_ac backend reported no plan")
+        result = probe.results[-1]
+        stats = dict(result.stats)
+        row["serialize_seconds"] = result.serialize_seconds
+        row["core_seconds"] = result.plan_seconds
+        row["apply_seconds"] = result.apply_seconds
+        for key in ("recompute_flops", "recompute_seconds", "saved_bytes_before", "saved_bytes_after",
+                    "nodes_duplicated", "simulated_peak_before", "simulated_peak_after",
+                    "simulated_activation_peak_before", "simulated_activation_peak_after", "lambda",
+                    "budget_bytes", "budget_met"):
+            if key in stats:
+                row[f"hac_{key}"] = stats[key]
+        warnings_ = [d["message"] for d in result.diagnostics if d.get("level") == "warning"]
+        if warnings_:
+            row["hac_warnings"] = " | ".join(warnings_)[:300]
+    return row, (loss, grads, probe, model)
+
+
+def run_step_benchmark(models: Sequence[str], strategies: Sequence[str], opts: StepOptions,
+                       log: Callable[[str], None]) -> tuple[list[dict], dict]:
+    """Every (model, strategy) cell; a failing cell records its error and the run goes on."""
+    rows: list[dict] = []
+    extras: dict = {"pareto": {}, "joint": {}}
+    cells = [(m, s) for m in models for s in strategies]
+    refs: dict = {}
+    for name, strategy in _progress(cells, desc="step", unit="cell"):
+        t0 = time.perf_counter()
+        try:
+            row, (loss, grads, probe, model) = run_strategy(name, strategy, opts)
+        except Exception as exc:  # record and move on
+            row = {"model": name, "strategy": strategy, "status": "error", "error": _first_line(exc)}
+            log(f"  {name}/{strategy}: {row['error']}")
+            if os.environ.get("HYPER_AC_BENCH_TRACEBACK"):
+                traceback.print_exc()
+            rows.append(row)
+            continue
+        row["wall_seconds"] = time.perf_counter() - t0
+        family = "eager" if strategy in EAGER else "none"
+        if strategy == family:
+            refs[(name, family)] = (loss, grads)
+            if strategy == "none" and probe.joint is not None:
+                extras["joint"][name] = (probe.joint, model)
+        ref = refs.get((name, family))
+        row["reference"] = family
+        if ref is not None:
+            row["loss_equal"] = bool(_equal(loss, ref[0]))
+            row["grads_equal"] = bool(len(grads) == len(ref[1]) and all(_equal(a, b) for a, b in zip(grads, ref[1])))
+            row["max_grad_diff"] = _max_diff(grads, ref[1])
+        rows.append(row)
+    _add_ratios(rows)
+    return rows, extras
+
+
+def _add_ratios(rows: list[dict]) -> None:
+    by_key = {(r["model"], r["strategy"]): r for r in rows if r.get("status") == "ok"}
+    for r in rows:
+        if r.get("status") != "ok":
+            continue
+        base = by_key.get((r["model"], "none"))
+        eager = by_key.get((r["model"], "eager"))
+        mincut = by_key.get((r["model"], "torch_mincut"))
+        family_base = eager if r["strategy"] in EAGER else base
+        if family_base is not None:
+            extra = r.get("step_flops", 0) - family_base.get("step_flops", 0)
+            r["recompute_flops"] = max(0.0, extra)
+        for key in ("peak_bytes", "saved_bytes", "step_seconds"):
+            if base is not None:
+                r[f"{key}_vs_none"] = _ratio(r.get(key), base.get(key))
+            if mincut is not None:
+                r[f"{key}_vs_mincut"] = _ratio(r.get(key), mincut.get(key))
+        if mincut is not None and r.get("plan_seconds") is not None:
+            r["plan_seconds_vs_mincut"] = _ratio(r.get("plan_seconds"), mincut.get("plan_seconds"))
+        if mincut is not None and r.get("recompute_flops") is not None:
+            r["recompute_flops_vs_mincut"] = _ratio(r["recompute_flops"], mincut.get("recompute_flops"))
+        # memory truth: simulated activation peak (core) vs measured peak (track())
+        if r["strategy"] in HAC_MODES:
+            sim_act = r.get("hac_simulated_activation_peak_after")
+            sim = r.get("hac_simulated_peak_after")
+        elif r["strategy"] == "none":
+            donor = next((x for x in rows if x["model"] == r["model"] and x.get("hac_simulated_peak_before") is not None),
+                         {})
+            sim_act = donor.get("hac_simulated_activation_peak_before")
+            sim = donor.get("hac_simulated_peak_before")
+        else:
+            sim_act = sim = None
+        if sim_act is None and sim is not None and r.get("resident_bytes") is not None:
+            sim_act = sim - r["resident_bytes"]  # plan stats without the activation-only figure
+        if sim_act is not None and r.get("peak_bytes"):
+            r["simulated_activation_peak"] = sim_act
+            r["simulated_vs_measured_pct"] = 100.0 * (sim_act - r["peak_bytes"]) / r["peak_bytes"]
+        if sim_act is not None and r.get("joint_run_peak_bytes"):
+            r["simulated_vs_joint_run_pct"] = 100.0 * (sim_act - r["joint_run_peak_bytes"]) / r["joint_run_peak_bytes"]
+
+
+def run_pareto(extras: dict, log: Callable[[str], None]) -> dict:
+    """hyper_ac.pareto on each model's joint graph (snapshot taken by the `none` run)."""
+    import hyper_ac
+    from hyper_ac.annotate import annotate_joint
+
+    out: dict = {}
+    for name, ((joint, num_fwd_outputs), model) in extras.get("joint", {}).items():
+        try:
+            with _quiet():
+                annotate_joint(joint, num_fwd_outputs, model=model)
+                t0 = time.perf_counter()
+                points = hyper_ac.pareto(joint, {"ac_mode": "auto"}, model=model)
+            out[name] = {"points": list(points), "seconds": time.perf_counter() - t0}
+        except Exception as exc:
+            out[name] = {"error": _first_line(exc)}
+            log(f"  pareto {name}: {out[name]['error']}")
+    return out
+
+

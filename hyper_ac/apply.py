@@ -1,0 +1,104 @@
+"""Apply the core's plan to a joint FX graph: tags, duplicates, redirects, erasures.
+
+The plan says what to do (``hyper_ac.plan``); this module only does it:
+``node_copy`` each duplicate before its insertion point, redirect the backward
+consumers, erase dead originals, lint and recompile.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Mapping
+
+from torch import fx
+from torch.utils.checkpoint import CheckpointPolicy
+
+__all__ = ["apply_plan"]
+
+
+def _private_get_attr(gm: fx.GraphModule, original: fx.Node, before: fx.Node) -> fx.Node:
+    """A fresh get_attr for a duplicate, so each region owns its HOP subgraph reference."""
+    with gm.graph.inserting_before(before):
+        node = gm.graph.get_attr(original.target)
+    node.meta.update(original.meta)
+    node.meta["autograd_backward"] = True
+    return node
+
+
+def apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], *, tag_only: bool = False,
+               recompile: bool = True) -> fx.GraphModule:
+    """Apply a core plan to ``gm`` in place: tags, duplicates, redirects, erasures.
+
+    ``tag_only`` writes the policies (``meta["recompute"]``, ``meta["ac_graph_id"]``)
+    and stops, for PyTorch's own partitioner or Inductor to act on.
+    ``recompile=False`` leaves ``gm``'s generated code stale, for callers that
+    build new modules from the graph anyway (the backend's partition step):
+    code generation is the slowest part of applying a plan to a large graph.
+    """
+    graph = gm.graph
+    by_name = {node.name: node for node in graph.nodes}
+
+    def node_named(name: str, what: str) -> fx.Node:
+        try:
+            return by_name[name]
+        except KeyError:
+            raise ValueError(f"plan {what} names node '{name}', which is not in the graph") from None
+
+    for name, policy in plan.get("policies", {}).items():
+        node_named(name, "policy").meta["recompute"] = CheckpointPolicy[policy]
+    for name, graph_id in plan.get("graph_ids", {}).items():
+        node_named(name, "graph id").meta["ac_graph_id"] = graph_id
+    if tag_only:
+        return gm
+
+    duplicate_of: dict[fx.Node, fx.Node] = {}
+    for entry in plan.get("duplicates", []):
+        original = node_named(entry["of"], "duplicate")
+        before = node_named(entry["before"], "insertion point")
+        private = {
+            by_name[n]: _private_get_attr(gm, by_name[n], before) for n in entry.get("private_get_attrs", [])
+        }
+
+        def remap(arg: fx.Node, private: dict = private) -> fx.Node:
+            return private.get(arg) or duplicate_of.get(arg, arg)
+
+        with graph.inserting_before(before):
+            copy = graph.node_copy(original, remap)
+        copy.meta = dict(original.meta)
+        copy.meta.pop("recompute", None)  # a second pass must not take a duplicate for a candidate
+        copy.meta["autograd_backward"] = True
+        copy.meta["ac_recomputed"] = True
+        copy.meta["ac_recomputed_from"] = original.name
+        duplicate_of[original] = copy
+
+    for entry in plan.get("redirects", []):
+        consumer = node_named(entry["node"], "redirect")
+        original = node_named(entry["input"], "redirect")
+        if original not in duplicate_of:
+            raise ValueError(f"plan redirects '{consumer.name}' to a duplicate of '{original.name}', which was not made")
+        consumer.replace_input_with(original, duplicate_of[original])
+
+    for name in plan.get("erase", []):
+        node = node_named(name, "erase")
+        if node.users:
+            raise ValueError(f"plan erases '{name}', which is still read by {[u.name for u in node.users]}")
+        graph.erase_node(node)
+
+    _flatten_getitems(gm)
+    graph.lint()
+    if recompile:
+        gm.recompile()
+    return gm
+
+
+def _flatten_getitems(gm: fx.GraphModule) -> None:
+    """Move tuple projections next to their producer so each output is freed on its own.
+
+    What ``torch._functorch.compile_utils.raise_getitems`` does, without its
+    recompile: the caller recompiles once (or not at all before a partition).
+    """
+    getitems = list(gm.graph.find_nodes(op="call_function", target=operator.getitem))
+    for node in reversed(getitems):  # reversed keeps their relative order
+        producer = node.all_input_nodes
+        if len(producer) == 1:
+            producer[0].append(node)

@@ -1,0 +1,331 @@
+"""Operator facts: what torch can tell about one call_function node.
+
+Per target (cached): the schema's aliasing and mutation (``mutated`` /
+``aliased`` argument indices, ``view``), the RNG tag
+(``torch.Tag.nondeterministic_seeded`` and the RNG higher-order ops), the
+collective namespace and the FLOP formula (``torch.utils.flop_counter``'s
+registry). Per node: output facts (bytes, dtype, hinted shape), the argument
+positions the schema facts name, and the FLOPs. :mod:`hyper_ac.serialize`
+writes them into the graph document.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Iterable
+
+import torch
+import torch.fx as fx
+
+__all__ = ["COLLECTIVE_NAMESPACES", "OpFacts", "dtype_name", "op_facts", "target_name"]
+
+#: Operator namespaces whose ops are communication collectives.
+COLLECTIVE_NAMESPACES = frozenset(
+    {"_c10d_functional", "c10d_functional", "_c10d_functional_autograd", "c10d", "_dtensor", "symm_mem"}
+)
+
+#: Higher-order ops that run RNG (no schema tags to read).
+_RNG_HOPS = frozenset(
+    {"run_and_save_rng_state", "run_with_rng_state", "graphsafe_run_with_rng_state"}
+)
+
+
+
+# --------------------------------------------------------------------------
+# names
+# --------------------------------------------------------------------------
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` → ``"float32"``."""
+    return str(dtype).rsplit(".", 1)[-1]
+
+
+def target_name(node: fx.Node) -> str:
+    """The format's ``target`` string for a node."""
+    if node.op in ("placeholder", "get_attr"):
+        return str(node.target)
+    if node.op == "output":
+        return ""
+    return _callable_name(node.target)
+
+
+_NAME_CACHE: dict[Any, str] = {}
+
+
+def _callable_name(target: Any) -> str:
+    try:
+        cached = _NAME_CACHE.get(target)
+    except TypeError:  # unhashable
+        cached = None
+    if cached is not None:
+        return cached
+    if isinstance(target, torch._ops.OpOverload):
+        name = f"{target._schema.name}.{target._overloadname}"
+    elif isinstance(target, torch._ops.OpOverloadPacket):
+        name = target._qualified_op_name
+    elif isinstance(target, torch._ops.HigherOrderOperator):
+        name = f"higher_order::{target.name()}"
+    elif target is operator.getitem:
+        name = "operator.getitem"
+    else:
+        module = getattr(target, "__module__", None) or "builtins"
+        if module == "_operator":
+            module = "operator"
+        qual = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or repr(target)
+        name = f"{module}.{qual}"
+    try:
+        _NAME_CACHE[target] = name
+    except TypeError:
+        pass
+    return name
+
+
+# --------------------------------------------------------------------------
+# per-target schema facts (cached)
+# --------------------------------------------------------------------------
+
+
+class OpFacts:
+    """What an operator's schema says, independent of one call.
+
+    ``mutated`` / ``aliased``: schema argument indices written in place /
+    whose storage some output may share. ``view``: an output aliases a
+    non-written argument.
+    """
+
+    __slots__ = ("arg_names", "mutated", "aliased", "view", "rng", "collective", "flop_formula")
+
+    def __init__(self) -> None:
+        self.arg_names: list[str] = []
+        self.mutated: tuple[int, ...] = ()
+        self.aliased: tuple[int, ...] = ()
+        self.view = False
+        self.rng = False
+        self.collective = False
+        self.flop_formula: Any = None
+
+
+_FACTS_CACHE: dict[Any, OpFacts] = {}
+
+
+def _flop_registry() -> dict:
+    from torch.utils.flop_counter import flop_registry
+
+    return flop_registry
+
+
+def op_facts(target: Any) -> OpFacts:
+    """Schema facts of a call_function target (cached per target)."""
+    try:
+        return _FACTS_CACHE[target]
+    except (KeyError, TypeError):
+        pass
+    facts = OpFacts()
+    if isinstance(target, torch._ops.OpOverload):
+        schema = target._schema
+        facts.arg_names = [a.name for a in schema.arguments]
+        facts.rng = torch.Tag.nondeterministic_seeded in target.tags
+        facts.collective = target.namespace in COLLECTIVE_NAMESPACES
+        facts.flop_formula = _flop_registry().get(target.overloadpacket)
+
+        ret_sets: set[str] = set()
+        ret_wild = False
+        for r in schema.returns:
+            info = r.alias_info
+            if info is not None:
+                ret_sets |= set(info.before_set) | set(info.after_set)
+        ret_wild = "*" in ret_sets
+        mutated, aliased = [], []
+        view = False
+        for i, a in enumerate(schema.arguments):
+            info = a.alias_info
+            if info is None:
+                continue
+            if info.is_write:
+                mutated.append(i)
+            arg_sets = set(info.before_set)
+            # `Tensor(a -> *)`: the argument enters the wildcard set, i.e. the
+            # (list) outputs alias it (split, chunk, unbind, ...).
+            enters_wildcard = "*" in info.after_set and "*" not in info.before_set
+            shares = bool(arg_sets & ret_sets) or enters_wildcard or (ret_wild and bool(arg_sets))
+            if shares:
+                aliased.append(i)
+                if not info.is_write:
+                    view = True
+        facts.mutated = tuple(mutated)
+        facts.aliased = tuple(aliased)
+        facts.view = view
+    elif isinstance(target, torch._ops.HigherOrderOperator):
+        facts.rng = target.name() in _RNG_HOPS
+        facts.flop_formula = _flop_registry().get(target)
+    try:
+        _FACTS_CACHE[target] = facts
+    except TypeError:
+        pass
+    return facts
+
+
+def _arg_value(node: fx.Node, facts: OpFacts, i: int) -> Any:
+    if i < len(node.args):
+        return node.args[i]
+    if i < len(facts.arg_names):
+        return node.kwargs.get(facts.arg_names[i])
+    return None
+
+
+def _nodes_in(value: Any) -> Iterable[fx.Node]:
+    if isinstance(value, fx.Node):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _nodes_in(v)
+
+
+def _positions(node: fx.Node, facts: OpFacts, arg_indices: tuple[int, ...], pos_of: dict[fx.Node, int]) -> list[int]:
+    out: set[int] = set()
+    for i in arg_indices:
+        for n in _nodes_in(_arg_value(node, facts, i)):
+            p = pos_of.get(n)
+            if p is not None:
+                out.add(p)
+    return sorted(out)
+
+
+# --------------------------------------------------------------------------
+# values
+# --------------------------------------------------------------------------
+
+_PY_SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _hint(x: Any, fallback: int) -> int:
+    if isinstance(x, int):
+        return x
+    if isinstance(x, torch.SymInt):
+        from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+        return int(optimization_hint(x, fallback=fallback))
+    return int(x)
+
+
+_ELEMENT_SIZE: dict[torch.dtype, int] = {}
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    size = _ELEMENT_SIZE.get(dtype)
+    if size is None:
+        size = torch.empty((), dtype=dtype, device="meta").element_size()
+        _ELEMENT_SIZE[dtype] = size
+    return size
+
+
+def _shape(t: torch.Tensor, fallback: int) -> tuple[int, ...]:
+    shape = tuple(t.shape)
+    for s in shape:
+        if type(s) is not int:
+            return tuple(_hint(x, fallback) for x in shape)
+    return shape
+
+
+def _tensor_fact(t: torch.Tensor, fallback: int) -> dict:
+    shape = list(_shape(t, fallback))
+    numel = 1
+    for s in shape:
+        numel *= s
+    return {"bytes": numel * _element_size(t.dtype), "dtype": dtype_name(t.dtype), "shape": shape}
+
+
+def _output_facts(val: Any, fallback: int) -> list[dict]:
+    if isinstance(val, torch.Tensor):
+        return [_tensor_fact(val, fallback)]
+    if isinstance(val, (list, tuple)):
+        return [_tensor_fact(v, fallback) for v in val if isinstance(v, torch.Tensor)]
+    return []
+
+
+def _with_hinted_shapes(value: Any, fallback: int) -> Any:
+    """Replace symbolic-shaped tensors by meta tensors of the hinted shape (for flop formulas)."""
+    if isinstance(value, torch.Tensor):
+        if any(type(s) is not int for s in value.shape):
+            return torch.empty(_shape(value, fallback), dtype=value.dtype, device="meta")
+        return value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_with_hinted_shapes(v, fallback) for v in value)
+    if isinstance(value, torch.SymInt):
+        return _hint(value, fallback)
+    return value
+
+
+def _node_val(a: Any) -> Any:
+    if isinstance(a, fx.Node):
+        return a.meta.get("val")
+    if isinstance(a, (list, tuple)):
+        return type(a)(_node_val(v) for v in a)
+    if isinstance(a, dict):
+        return {k: _node_val(v) for k, v in a.items()}
+    return a
+
+
+_FLOPS_CACHE: dict[tuple, float] = {}
+
+
+class _Unhashable(Exception):
+    pass
+
+
+_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+def _signature(value: Any, fallback: int) -> Any:
+    """A hashable stand-in for a flop formula's argument (tensors → shape, dtype)."""
+    if isinstance(value, fx.Node):
+        value = value.meta.get("val")
+    if isinstance(value, torch.Tensor):
+        return (_shape(value, fallback), value.dtype)
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__,) + tuple([_signature(v, fallback) for v in value])
+    if isinstance(value, torch.SymInt):
+        return _hint(value, fallback)
+    if isinstance(value, _PLAIN):
+        return value
+    raise _Unhashable
+
+
+def _flops(node: fx.Node, facts: OpFacts, fallback: int) -> float:
+    formula = facts.flop_formula
+    if formula is None:
+        return 0.0
+    # shape_wrapper formulas depend on shapes and plain values only: cache them
+    # per (target, signature) — transformer graphs repeat the same few matmuls.
+    key = None
+    if getattr(formula, "__wrapped__", None) is not None:  # shape_wrapper(f) (functools.wraps)
+        try:
+            key = (
+                node.target,
+                _signature(node.args, fallback),
+                tuple(sorted((k, _signature(v, fallback)) for k, v in node.kwargs.items())),
+                _signature(node.meta.get("val"), fallback),
+            )
+        except _Unhashable:
+            key = None
+        if key is not None:
+            hit = _FLOPS_CACHE.get(key)
+            if hit is not None:
+                return hit
+    try:
+        args = _with_hinted_shapes(_node_val(node.args), fallback)
+        kwargs = {k: _with_hinted_shapes(v, fallback) for k, v in _node_val(dict(node.kwargs)).items()}
+        out = _with_hinted_shapes(node.meta.get("val"), fallback)
+        value = formula(*args, **kwargs, out_val=out)
+        if isinstance(value, torch.SymInt):
+            value = _hint(value, fallback)
+        value = float(value)
+    except Exception:  # a formula that cannot run on these values: no estimate
+        value = 0.0
+    value = value if value >= 0 else 0.0
+    if key is not None:
+        if len(_FLOPS_CACHE) > 65536:
+            _FLOPS_CACHE.clear()
+        _FLOPS_CACHE[key] = value
+    return value
