@@ -182,7 +182,7 @@ def serialize_graph(
 ) -> dict:
     """The graph document (a JSON-ready dict) of an annotated joint graph.
 
-    ``gm`` should carry :func:`hyper_ac.capture.annotate_joint`'s meta; a
+    ``gm`` should carry :func:`hyper_ac.annotate.annotate_joint`'s meta; a
     node without ``meta["autograd_backward"]`` gets its phase from
     ``partitioner_tag``, else backward iff one of its inputs is backward.
     ``model``: the live module, for the ``model`` section.
