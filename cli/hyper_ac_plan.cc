@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     auto options = hyper_ac::parse_plan_options(read_file(config_path), table_path.empty() ? "" : read_file(table_path));
-    auto result = hyper_ac::make_plan(loaded.graph, options);
+    auto result = hyper_ac::plan(loaded.graph, options);
     if (timings) {
       const auto& t = result.timings;
       std::cerr << "timings: load " << load_seconds << " s, scope " << t.scope_seconds << " s, tag " << t.tag_seconds
@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
               << ", duplicated: " << s.nodes_duplicated << ", saved for backward: "
               << hyper_ac::format_bytes(s.saved_bytes_before) << " -> " << hyper_ac::format_bytes(s.saved_bytes_after)
               << "\n";
-    for (const auto& d : result.diagnostics) std::cout << d.level << ": " << d.message << "\n";
+    for (const auto& d : result.diagnostics) std::cout << hyper_ac::to_string(d.severity) << ": " << d.message << "\n";
     return 0;
   } catch (const std::exception& error) {
     std::cerr << "hyper-ac-plan: " << graph_path << ": " << error.what() << "\n";
