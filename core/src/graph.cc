@@ -1,8 +1,5 @@
 #include "hyper_ac/graph.h"
 
-#include "hyper_ac/alias.h"
-#include "hyper_ac/diagnostic.h"
-
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -11,6 +8,8 @@
 #include <unordered_set>
 
 #include <nlohmann/json.hpp>
+
+#include "hyper_ac/alias.h"
 
 namespace hyper_ac {
 
@@ -27,14 +26,6 @@ const char* to_string(NodeKind kind) {
 }
 
 const char* to_string(Phase phase) { return phase == Phase::Forward ? "forward" : "backward"; }
-
-const char* to_string(Severity severity) {
-  switch (severity) {
-    case Severity::Info: return "info";
-    case Severity::Warning: return "warning";
-  }
-  return "?";
-}
 
 const char* to_string(Role role) {
   switch (role) {

@@ -1,10 +1,10 @@
 #include "hyper_ac/remat.h"
 
 #include <algorithm>
-
-#include "hyper_ac/alias.h"
 #include <unordered_map>
 #include <unordered_set>
+
+#include "hyper_ac/alias.h"
 
 namespace hyper_ac {
 

@@ -1,10 +1,10 @@
 #include "hyper_ac/simulate.h"
 
-#include "hyper_ac/alias.h"
-
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+
+#include "hyper_ac/alias.h"
 
 namespace hyper_ac {
 
