@@ -12,6 +12,7 @@
 #include "hyper_ac/graph.h"
 #include "hyper_ac/mincut.h"
 #include "hyper_ac/plan.h"
+#include "hyper_ac/scope.h"
 
 namespace py = pybind11;
 using namespace hyper_ac;
@@ -72,7 +73,7 @@ PYBIND11_MODULE(_core, m) {
     const auto started = std::chrono::steady_clock::now();
     auto loaded = load_graph(graph_json);
     const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    auto result = make_plan(loaded.graph, parse_plan_options(config_json, op_policy_json));
+    auto result = plan(loaded.graph, parse_plan_options(config_json, op_policy_json));
     result.timings.load_seconds = load_seconds;
     return plan_to_json(loaded.graph, result, timings);
   }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = "", py::arg("timings") = false,
@@ -82,9 +83,25 @@ PYBIND11_MODULE(_core, m) {
   m.def("pareto", [](const std::string& graph_json, const std::string& config_json, const std::string& op_policy_json) {
     py::gil_scoped_release release;
     auto loaded = load_graph(graph_json);
-    return frontier_to_json(plan_frontier(loaded.graph, parse_plan_options(config_json, op_policy_json)));
+    return pareto_to_json(pareto(loaded.graph, parse_plan_options(config_json, op_policy_json)));
   }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = "",
      "The saved-bytes / recompute-cost frontier across lambda, with simulated peaks (JSON list).");
+
+  m.def("flow_network", [](const std::string& graph_json, const std::string& config_json, const std::string& op_policy_json) {
+    py::gil_scoped_release release;
+    auto loaded = load_graph(graph_json);
+    return flow_network(loaded.graph, parse_plan_options(config_json, op_policy_json)).dimacs;
+  }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = "",
+     "The exact s-t network the auto min-cut solves (tags as in auto, the effective lambda) as DIMACS max-flow text,\n"
+     "with 'c vertex V NAME in|out' and 'c max_flow F' comment lines (docs/mincut.md).");
+
+  m.def("discover_units", [](const std::string& graph_json) {
+    auto loaded = load_graph(graph_json);
+    std::vector<std::string> fqns;
+    for (const auto& unit : discover_units(loaded.graph).units) fqns.push_back(unit.fqn);
+    return fqns;
+  }, py::arg("graph_json"),
+     "The unit FQNs scope finds for a graph: the marker rule over its model facts, else the module-stack rule.");
 
   m.def("score_recompute_set", [](const std::string& graph_json, const std::vector<std::string>& names,
                                   const std::string& config_json) {
@@ -98,7 +115,9 @@ PYBIND11_MODULE(_core, m) {
       if (it == index.end()) throw std::invalid_argument("score_recompute_set: no node named '" + name + "'");
       recomputed.push_back(it->second);
     }
-    auto s = score_recompute_set(loaded.graph, recomputed, config.mincut.hardware);
+    CostOptions cost;
+    cost.hardware = config.mincut.hardware;
+    auto s = score_recompute_set(loaded.graph, recomputed, cost);
     py::dict d;
     d["saved_bytes"] = s.saved_bytes;
     d["recompute_seconds"] = s.recompute_seconds;
@@ -111,7 +130,7 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("print_plan", [](const std::string& graph_json, const std::string& config_json, const std::string& op_policy_json) {
     auto loaded = load_graph(graph_json);
-    auto result = make_plan(loaded.graph, parse_plan_options(config_json, op_policy_json));
+    auto result = plan(loaded.graph, parse_plan_options(config_json, op_policy_json));
     PrintOptions print;
     print.annotations = policy_annotations(loaded.graph, result);
     return print_graph(loaded.graph, print);

@@ -13,12 +13,15 @@ namespace {
 
 const char* kUsage =
     "usage: hyper-ac-plan GRAPH.json [--config CONFIG.json] [--op-policy TABLE.json] [--print] [--json]\n"
+    "                     [--pareto | --flow-network]\n"
     "  Loads and validates GRAPH.json (docs/graph-format.md) and prints its summary.\n"
     "  --config     plan it with this config (JSON; `python -m hyper_ac config FILE.yaml` converts YAML)\n"
     "  --op-policy  the operator table (JSON; `python -m hyper_ac op-policy` prints the default)\n"
     "  --print      print the graph's text form (annotated with policies when planning)\n"
     "  --json       print the plan JSON instead of the summary\n"
-    "  --timings    print the wall time of each stage to stderr\n";
+    "  --timings    print the wall time of each stage to stderr\n"
+    "  --pareto        print the memory/recompute frontier (JSON, as _core.pareto) instead of planning\n"
+    "  --flow-network  print the auto min-cut's s-t network as DIMACS (as _core.flow_network)\n";
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -32,7 +35,7 @@ std::string read_file(const std::string& path) {
 
 int main(int argc, char** argv) {
   std::string graph_path, config_path, table_path;
-  bool print = false, as_json = false, timings = false;
+  bool print = false, as_json = false, timings = false, frontier = false, network = false;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     auto value = [&](const char* flag) -> std::string {
@@ -47,6 +50,8 @@ int main(int argc, char** argv) {
     else if (arg == "--print") print = true;
     else if (arg == "--json") as_json = true;
     else if (arg == "--timings") timings = true;
+    else if (arg == "--pareto") frontier = true;
+    else if (arg == "--flow-network") network = true;
     else if (arg == "-h" || arg == "--help") { std::cout << kUsage; return 0; }
     else if (!arg.empty() && arg[0] == '-') { std::cerr << "hyper-ac-plan: unknown option " << arg << "\n" << kUsage; return 2; }
     else if (graph_path.empty()) graph_path = arg;
@@ -54,6 +59,10 @@ int main(int argc, char** argv) {
   }
   if (graph_path.empty()) {
     std::cerr << kUsage;
+    return 2;
+  }
+  if ((frontier || network) && config_path.empty()) {
+    std::cerr << "hyper-ac-plan: --pareto and --flow-network need --config\n" << kUsage;
     return 2;
   }
   try {
@@ -66,7 +75,15 @@ int main(int argc, char** argv) {
       return 0;
     }
     auto options = hyper_ac::parse_plan_options(read_file(config_path), table_path.empty() ? "" : read_file(table_path));
-    auto result = hyper_ac::make_plan(loaded.graph, options);
+    if (frontier) {
+      std::cout << hyper_ac::pareto_to_json(hyper_ac::pareto(loaded.graph, options)) << "\n";
+      return 0;
+    }
+    if (network) {
+      std::cout << hyper_ac::flow_network(loaded.graph, options).dimacs;
+      return 0;
+    }
+    auto result = hyper_ac::plan(loaded.graph, options);
     if (timings) {
       const auto& t = result.timings;
       std::cerr << "timings: load " << load_seconds << " s, scope " << t.scope_seconds << " s, tag " << t.tag_seconds
@@ -88,7 +105,7 @@ int main(int argc, char** argv) {
               << ", duplicated: " << s.nodes_duplicated << ", saved for backward: "
               << hyper_ac::format_bytes(s.saved_bytes_before) << " -> " << hyper_ac::format_bytes(s.saved_bytes_after)
               << "\n";
-    for (const auto& d : result.diagnostics) std::cout << d.level << ": " << d.message << "\n";
+    for (const auto& d : result.diagnostics) std::cout << hyper_ac::to_string(d.severity) << ": " << d.message << "\n";
     return 0;
   } catch (const std::exception& error) {
     std::cerr << "hyper-ac-plan: " << graph_path << ": " << error.what() << "\n";

@@ -30,6 +30,7 @@ from typing import Any
 import torch.fx as fx
 import torch.nn as nn
 
+from hyper_ac import _core
 from hyper_ac.annotate import phase_of
 from hyper_ac.op_facts import _PY_SYM_TYPES, _flops, _output_facts, _positions, op_facts, target_name
 
@@ -60,66 +61,18 @@ _KINDS = ("placeholder", "call_function", "get_attr", "output")
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 
 
-def _join(*parts: str) -> str:
-    return ".".join(p for p in parts if p)
-
-
 def discover_units(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """Repeated blocks ("units") of a model, as ``[(fqn, module), ...]``.
 
-    Rule: for every module carrying a ``gradient_checkpointing`` attribute
-    (the HuggingFace marker), in ``named_modules()`` order, each direct child
-    of each of its non-empty ``ModuleList`` / ``ModuleDict`` / ``Sequential``
-    children is a unit (``ModuleDict`` keys kept as they are). Flattened
-    across containers in discovery order and deduplicated by identity.
-
-    Extension (needed for e.g. ``BertModel``, whose layers sit one level
-    deeper at ``encoder.layer``): a marked module where the rule finds no
-    container is searched further down, through non-container children, for
-    the first containers on each path — skipping anything inside a unit
-    already found (so decoder layers that carry the marker themselves do not
-    turn their MoE expert lists into units).
+    The rule is the core's (``scope.h``: ``units_from_model``): every module
+    carrying a ``gradient_checkpointing`` attribute (the HuggingFace marker)
+    contributes the direct children of its non-empty ``ModuleList`` /
+    ``ModuleDict`` / ``Sequential`` children, searched deeper for e.g.
+    ``BertModel``. This only serialises :func:`model_facts` and asks the core.
     """
-    units: list[tuple[str, nn.Module]] = []
-    seen: set[int] = set()
-    unit_fqns: list[str] = []
-
-    def add(fqn: str, mod: nn.Module) -> None:
-        if id(mod) in seen:
-            return
-        seen.add(id(mod))
-        units.append((fqn, mod))
-        unit_fqns.append(fqn)
-
-    def containers_below(fqn: str, mod: nn.Module, depth: int) -> list[tuple[str, nn.Module]]:
-        found = []
-        for name, child in mod.named_children():
-            cf = _join(fqn, name)
-            if isinstance(child, _CONTAINERS):
-                if len(child) > 0:
-                    found.append((cf, child))
-            elif depth > 0:
-                found.extend(containers_below(cf, child, depth - 1))
-        return found
-
-    marked = [(fqn, m) for fqn, m in model.named_modules() if _has_marker(m)]
-    pending = []
-    for fqn, mod in marked:
-        conts = containers_below(fqn, mod, 0)
-        if not conts:
-            pending.append((fqn, mod))
-        for cf, cont in conts:
-            for key, child in cont.named_children():
-                add(_join(cf, key), child)
-    for fqn, mod in pending:
-        if any(fqn == u or fqn.startswith(u + ".") for u in unit_fqns):
-            continue
-        for cf, cont in containers_below(fqn, mod, 8):
-            if any(cf.startswith(u + ".") for u in unit_fqns):
-                continue
-            for key, child in cont.named_children():
-                add(_join(cf, key), child)
-    return units
+    doc = {"format": FORMAT, "version": VERSION, "model": model_facts(model), "nodes": []}
+    fqns = _core.discover_units(json.dumps(doc, separators=(",", ":")))
+    return [(fqn, model.get_submodule(fqn)) for fqn in fqns]
 
 
 def _has_marker(mod: nn.Module) -> bool:
@@ -131,12 +84,35 @@ def _has_marker(mod: nn.Module) -> bool:
 
 
 def model_facts(model: nn.Module) -> dict:
-    """The ``model`` section: type, every named submodule, the units."""
-    return {
-        "type": type(model).__name__,
-        "modules": [{"fqn": fqn, "type": type(m).__name__} for fqn, m in model.named_modules() if fqn],
-        "units": [{"fqn": fqn, "type": type(m).__name__} for fqn, m in discover_units(model)],
-    }
+    """The ``model`` section (docs/graph-format.md): the module tree as facts.
+
+    ``modules`` lists ``named_modules(remove_duplicate=False)`` (root excluded),
+    each ``{"fqn", "type"}`` plus, only when true or set: ``container`` (a
+    ModuleList / ModuleDict / Sequential), ``marked`` (has the
+    ``gradient_checkpointing`` marker) and ``same_as`` (FQN of the first listing
+    of the same module object). The root's marker is the top-level ``marked``.
+    The core derives the units from these facts.
+    """
+    section: dict[str, Any] = {"type": type(model).__name__}
+    if _has_marker(model):
+        section["marked"] = True
+    first: dict[int, str] = {}
+    modules = []
+    for fqn, mod in model.named_modules(remove_duplicate=False):
+        if not fqn:
+            continue
+        entry: dict[str, Any] = {"fqn": fqn, "type": type(mod).__name__}
+        if isinstance(mod, _CONTAINERS):
+            entry["container"] = True
+        if _has_marker(mod):
+            entry["marked"] = True
+        if id(mod) in first:
+            entry["same_as"] = first[id(mod)]
+        else:
+            first[id(mod)] = fqn
+        modules.append(entry)
+    section["modules"] = modules
+    return section
 
 
 # --------------------------------------------------------------------------

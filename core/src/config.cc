@@ -132,22 +132,19 @@ void parse_source(const json& value, const std::string& key, Config& config) {
   config.region_source = source;
 }
 
-double parse_budget(const json& value, const std::string& key, bool& is_fraction) {
-  double bytes = 0.0;
+MemoryBudget parse_budget(const json& value, const std::string& key) {
   if (value.is_boolean()) fail(key, "must be a byte size (\"6GiB\") or a fraction in (0, 1], got a boolean");
-  if (value.is_number()) {
-    bytes = value.get<double>();
-  } else if (value.is_string()) {
-    bytes = parse_byte_size(value.get<std::string>(), key);
-    is_fraction = false;
+  if (value.is_string()) {
+    double bytes = parse_byte_size(value.get<std::string>(), key);
     if (bytes <= 0) fail(key, "must be positive");
-    return bytes;
-  } else {
-    fail(key, std::string("must be a byte size (\"6GiB\") or a fraction in (0, 1], got ") + value.type_name());
+    return BudgetBytes{bytes};
   }
-  if (!(bytes > 0)) fail(key, "must be positive, got " + value.dump());
-  is_fraction = bytes <= 1.0;
-  return bytes;
+  if (!value.is_number())
+    fail(key, std::string("must be a byte size (\"6GiB\") or a fraction in (0, 1], got ") + value.type_name());
+  double number = value.get<double>();
+  if (!(number > 0)) fail(key, "must be positive, got " + value.dump());
+  if (number <= 1.0) return BudgetFraction{number};
+  return BudgetBytes{number};
 }
 
 HardwareProfile parse_hardware(const json& value, const std::string& key) {
@@ -213,48 +210,76 @@ void parse_adapter(const json& value, Config& config) {
   config.adapter_given = true;
 }
 
+// Every option once: its flat key, its group in the nested form ("" = the
+// activation_checkpoint section itself, or "selection") with its name there,
+// and its parser. Both forms and their key checks are derived from this table.
+struct OptionKey {
+  const char* flat;
+  const char* group;
+  const char* nested;
+  void (*parse)(const json& value, const std::string& key, Config& config);
+};
+
+const std::vector<OptionKey>& option_keys() {
+  static const std::vector<OptionKey> keys = {
+      {"ac_mode", "", "mode", [](const json& v, const std::string& k, Config& c) { c.mode = parse_mode(v, k); }},
+      {"ac_region_source", "selection", "source", [](const json& v, const std::string& k, Config& c) { parse_source(v, k, c); }},
+      {"ac_layer_count", "selection", "layer_count",
+       [](const json& v, const std::string& k, Config& c) {
+         if (!v.is_null()) c.scope.layer_count = get_layer_int(v, k);
+       }},
+      {"ac_layer_indices", "selection", "layer_indices",
+       [](const json& v, const std::string& k, Config& c) { parse_layer_indices(v, k, c); }},
+      {"ac_regions", "", "regions", [](const json& v, const std::string& k, Config& c) { parse_regions(v, k, c); }},
+      {"ac_save_forward_all_gather", "", "save_forward_all_gather",
+       [](const json& v, const std::string& k, Config& c) { c.save_forward_all_gather = get_bool(v, k); }},
+      {"ac_memory_budget", "", "memory_budget",
+       [](const json& v, const std::string& k, Config& c) { c.mincut.memory_budget = parse_budget(v, k); }},
+      {"ac_lambda", "", "lambda", [](const json& v, const std::string& k, Config& c) { parse_lambda(v, k, c); }},
+      {"ac_hardware", "", "hardware",
+       [](const json& v, const std::string& k, Config& c) { c.mincut.hardware = parse_hardware(v, k); }},
+  };
+  return keys;
+}
+
+std::vector<std::string> flat_keys() {
+  std::vector<std::string> keys;
+  for (const auto& option : option_keys()) keys.push_back(option.flat);
+  return keys;
+}
+
+// Nested names in `group`, in table order.
+std::vector<std::string> nested_keys(const std::string& group) {
+  std::vector<std::string> keys;
+  for (const auto& option : option_keys())
+    if (option.group == group) keys.push_back(option.nested);
+  return keys;
+}
+
 void parse_nested(const json& section, Config& config) {
   const std::string prefix = "activation_checkpoint";
   if (!section.is_object()) fail(prefix, std::string("must be a mapping, got ") + section.type_name());
-  check_keys(section,
-             {"mode", "selection", "regions", "save_forward_all_gather", "op_policy", "memory_budget", "lambda",
-              "hardware"},
-             prefix);
-  if (section.contains("mode")) config.mode = parse_mode(section["mode"], prefix + ".mode");
+  std::vector<std::string> known = nested_keys("");
+  known.push_back("selection");
+  known.push_back("op_policy");
+  check_keys(section, known, prefix);
+  const std::string selection_key = prefix + ".selection";
   if (section.contains("selection")) {
     const json& selection = section["selection"];
-    std::string key = prefix + ".selection";
-    if (!selection.is_object()) fail(key, std::string("must be a mapping, got ") + selection.type_name());
-    check_keys(selection, {"source", "layer_count", "layer_indices"}, key);
-    if (selection.contains("source")) parse_source(selection["source"], key + ".source", config);
-    if (selection.contains("layer_count") && !selection["layer_count"].is_null())
-      config.scope.layer_count = get_layer_int(selection["layer_count"], key + ".layer_count");
-    if (selection.contains("layer_indices")) parse_layer_indices(selection["layer_indices"], key + ".layer_indices", config);
+    if (!selection.is_object()) fail(selection_key, std::string("must be a mapping, got ") + selection.type_name());
+    check_keys(selection, nested_keys("selection"), selection_key);
   }
-  if (section.contains("regions")) parse_regions(section["regions"], prefix + ".regions", config);
-  if (section.contains("save_forward_all_gather"))
-    config.save_forward_all_gather = get_bool(section["save_forward_all_gather"], prefix + ".save_forward_all_gather");
-  if (section.contains("memory_budget"))
-    config.mincut.memory_budget =
-        parse_budget(section["memory_budget"], prefix + ".memory_budget", config.mincut.memory_budget_is_fraction);
-  if (section.contains("lambda")) parse_lambda(section["lambda"], prefix + ".lambda", config);
-  if (section.contains("hardware")) config.mincut.hardware = parse_hardware(section["hardware"], prefix + ".hardware");
+  for (const auto& option : option_keys()) {
+    const bool in_selection = std::string(option.group) == "selection";
+    const json& holder = in_selection ? section.value("selection", json::object()) : section;
+    if (holder.is_object() && holder.contains(option.nested))
+      option.parse(holder[option.nested], (in_selection ? selection_key : prefix) + "." + option.nested, config);
+  }
 }
 
 void parse_flat(const json& document, Config& config) {
-  if (document.contains("ac_mode")) config.mode = parse_mode(document["ac_mode"], "ac_mode");
-  if (document.contains("ac_layer_count") && !document["ac_layer_count"].is_null())
-    config.scope.layer_count = get_layer_int(document["ac_layer_count"], "ac_layer_count");
-  if (document.contains("ac_layer_indices")) parse_layer_indices(document["ac_layer_indices"], "ac_layer_indices", config);
-  if (document.contains("ac_region_source")) parse_source(document["ac_region_source"], "ac_region_source", config);
-  if (document.contains("ac_save_forward_all_gather"))
-    config.save_forward_all_gather = get_bool(document["ac_save_forward_all_gather"], "ac_save_forward_all_gather");
-  if (document.contains("ac_regions")) parse_regions(document["ac_regions"], "ac_regions", config);
-  if (document.contains("ac_memory_budget"))
-    config.mincut.memory_budget =
-        parse_budget(document["ac_memory_budget"], "ac_memory_budget", config.mincut.memory_budget_is_fraction);
-  if (document.contains("ac_lambda")) parse_lambda(document["ac_lambda"], "ac_lambda", config);
-  if (document.contains("ac_hardware")) config.mincut.hardware = parse_hardware(document["ac_hardware"], "ac_hardware");
+  for (const auto& option : option_keys())
+    if (document.contains(option.flat)) option.parse(document[option.flat], option.flat, config);
 }
 
 OpPolicyTable table_from_json(const json& value, const std::string& key, const OpPolicyTable* base) {
@@ -311,17 +336,15 @@ Config parse_config(const std::string& json_text) {
   if (document.is_null()) return Config{};
   if (!document.is_object()) throw ConfigError(std::string("config must be a mapping, got ") + document.type_name());
   Config config;
-  const std::vector<std::string> flat_keys = {"ac_mode", "ac_layer_count", "ac_layer_indices", "ac_region_source",
-                                              "ac_save_forward_all_gather", "ac_regions", "ac_memory_budget",
-                                              "ac_lambda", "ac_hardware"};
-  std::vector<std::string> known = flat_keys;
+  const std::vector<std::string> flat = flat_keys();
+  std::vector<std::string> known = flat;
   known.push_back("activation_checkpoint");
   known.push_back("op_policy");
   known.push_back("adapter");
   check_keys(document, known, "");
   bool nested = document.contains("activation_checkpoint");
-  bool flat = std::any_of(flat_keys.begin(), flat_keys.end(), [&](const std::string& k) { return document.contains(k); });
-  if (nested && flat)
+  bool any_flat = std::any_of(flat.begin(), flat.end(), [&](const std::string& k) { return document.contains(k); });
+  if (nested && any_flat)
     throw ConfigError(
         "config mixes the 'activation_checkpoint:' section with flat 'ac_*' keys; use one form (they name the same options)");
   if (nested)
@@ -344,9 +367,9 @@ Config parse_config(const std::string& json_text) {
 
   if (config.scope.layer_count && config.scope.layer_indices)
     throw ConfigError("config sets both layer_count and layer_indices; they select layers in two different ways, keep one");
-  if (config.mode == Mode::Budget && !config.mincut.memory_budget)
+  if (config.mode == Mode::Budget && !has_budget(config.mincut.memory_budget))
     throw ConfigError("config key 'memory_budget': mode 'budget' needs a memory_budget (bytes like \"6GiB\" or a fraction like 0.5)");
-  if (config.mode != Mode::Budget && config.mincut.memory_budget)
+  if (config.mode != Mode::Budget && has_budget(config.mincut.memory_budget))
     throw ConfigError(std::string("config key 'memory_budget': only used by mode 'budget', but mode is '") +
                       to_string(config.mode) + "'");
   return config;
@@ -359,6 +382,8 @@ OpPolicyTable parse_op_policy(const std::string& json_text) {
 OpPolicyTable merge_op_policy(const OpPolicyTable& base, const std::string& override_json) {
   return table_from_json(parse_json(override_json, "op policy override"), "op_policy", &base);
 }
+
+bool has_budget(const MemoryBudget& budget) { return !std::holds_alternative<std::monostate>(budget); }
 
 double effective_lambda(const MinCutConfig& mincut) {
   return mincut.lambda ? *mincut.lambda : mincut.hardware.memory_bandwidth / 4.0;
@@ -381,7 +406,10 @@ std::string config_to_json(const Config& config) {
                         {"exclude", config.scope.exclude},
                         {"output_recompute", config.scope.output_recompute}};
   section["save_forward_all_gather"] = config.save_forward_all_gather;
-  if (config.mincut.memory_budget) section["memory_budget"] = *config.mincut.memory_budget;
+  if (const auto* fraction = std::get_if<BudgetFraction>(&config.mincut.memory_budget))
+    section["memory_budget"] = fraction->fraction;
+  else if (const auto* bytes = std::get_if<BudgetBytes>(&config.mincut.memory_budget))
+    section["memory_budget"] = bytes->bytes;
   if (config.mincut.lambda) section["lambda"] = *config.mincut.lambda;
   section["hardware"] = {{"name", config.mincut.hardware.name},
                          {"peak_flops", config.mincut.hardware.peak_flops},

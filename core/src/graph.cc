@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "hyper_ac/alias.h"
+
 namespace hyper_ac {
 
 using json = nlohmann::json;
@@ -193,6 +195,55 @@ std::vector<ModuleFrame> parse_frames(const json& value, const char* key, const 
   return frames;
 }
 
+// The `model` section: the live module tree (docs/graph-format.md).
+ModelFacts parse_model(const json& model) {
+  const std::string where = "graph 'model'";
+  if (!model.is_object()) fail(where, std::string("must be an object, got ") + json_type(model));
+  if (model.contains("units"))
+    fail(where, "carries 'units', the unit list of an older format: units are now discovered by the core from the "
+                "module tree; re-serialise the graph with this hyper_ac (hyper_ac.serialize.to_json(gm, model))");
+  for (const auto& item : model.items())
+    if (item.key() != "type" && item.key() != "marked" && item.key() != "modules")
+      fail(where, "unknown field '" + item.key() + "' (expected type, marked, modules)");
+  ModelFacts facts;
+  facts.present = true;
+  auto type = model.find("type");
+  if (type != model.end() && !type->is_null()) facts.type = get_string(*type, "type", where);
+  facts.marked = get_bool(model, "marked", where);
+  auto modules = model.find("modules");
+  if (modules == model.end() || modules->is_null()) return facts;
+  if (!modules->is_array()) fail(where, std::string("field 'modules' must be an array, got ") + json_type(*modules));
+  std::unordered_map<std::string, std::size_t> index;
+  for (std::size_t i = 0; i < modules->size(); ++i) {
+    const json& raw = (*modules)[i];
+    const std::string at = where + " modules[" + std::to_string(i) + "]";
+    if (!raw.is_object()) fail(at, std::string("must be an object, got ") + json_type(raw));
+    for (const auto& item : raw.items())
+      if (item.key() != "fqn" && item.key() != "type" && item.key() != "container" && item.key() != "marked" &&
+          item.key() != "same_as")
+        fail(at, "unknown field '" + item.key() + "' (expected fqn, type, container, marked, same_as)");
+    ModuleFact fact;
+    fact.fqn = get_string(require(raw, "fqn", at), "fqn", at);
+    if (fact.fqn.empty()) fail(at, "field 'fqn' is empty (the root module is not listed)");
+    fact.type = get_string(require(raw, "type", at), "type", at);
+    fact.container = get_bool(raw, "container", at);
+    fact.marked = get_bool(raw, "marked", at);
+    auto same = raw.find("same_as");
+    if (same != raw.end() && !same->is_null()) {
+      fact.same_as = get_string(*same, "same_as", at);
+      auto first = index.find(fact.same_as);
+      if (first == index.end())
+        fail(at, "'same_as' names '" + fact.same_as + "', which is not listed before '" + fact.fqn + "'");
+      if (!facts.modules[first->second].same_as.empty())
+        fail(at, "'same_as' names '" + fact.same_as + "', itself a repeat of '" +
+                     facts.modules[first->second].same_as + "'; name the first listing");
+    }
+    if (!index.emplace(fact.fqn, facts.modules.size()).second) fail(at, "module '" + fact.fqn + "' is listed twice");
+    facts.modules.push_back(std::move(fact));
+  }
+  return facts;
+}
+
 TensorFact parse_fact(const json& value, const std::string& where) {
   if (!value.is_object()) fail(where, std::string("output fact must be an object, got ") + json_type(value));
   TensorFact fact;
@@ -370,16 +421,7 @@ LoadResult load_graph(const std::string& json_text, const LoadOptions& options) 
   }
 
   auto model = document.find("model");
-  if (model != document.end() && !model->is_null()) {
-    if (!model->is_object()) fail("graph 'model'", std::string("must be an object, got ") + json_type(*model));
-    graph.model.present = true;
-    auto type = model->find("type");
-    if (type != model->end() && !type->is_null()) graph.model.type = get_string(*type, "type", "graph 'model'");
-    auto modules = model->find("modules");
-    if (modules != model->end()) graph.model.modules = parse_frames(*modules, "modules", "graph 'model'");
-    auto units = model->find("units");
-    if (units != model->end()) graph.model.units = parse_frames(*units, "units", "graph 'model'");
-  }
+  if (model != document.end() && !model->is_null()) graph.model = parse_model(*model);
 
   graph.finalize();
   result.stats.nodes = graph.nodes.size();
@@ -427,11 +469,16 @@ std::string graph_to_json(const Graph& graph) {
   if (graph.model.present) {
     json model;
     model["type"] = graph.model.type;
-    json modules = json::array(), units = json::array();
-    for (const auto& m : graph.model.modules) modules.push_back({{"fqn", m.fqn}, {"type", m.type}});
-    for (const auto& u : graph.model.units) units.push_back({{"fqn", u.fqn}, {"type", u.type}});
+    if (graph.model.marked) model["marked"] = true;
+    json modules = json::array();
+    for (const auto& m : graph.model.modules) {
+      json entry = {{"fqn", m.fqn}, {"type", m.type}};
+      if (m.container) entry["container"] = true;
+      if (m.marked) entry["marked"] = true;
+      if (!m.same_as.empty()) entry["same_as"] = m.same_as;
+      modules.push_back(std::move(entry));
+    }
     model["modules"] = modules;
-    model["units"] = units;
     document["model"] = model;
   }
   return document.dump();
@@ -476,20 +523,6 @@ std::string print_graph(const Graph& graph, const PrintOptions& options) {
     out << '\n';
   }
   return out.str();
-}
-
-std::vector<std::int32_t> storage_roots(const Graph& graph) {
-  std::vector<std::int32_t> roots(graph.nodes.size());
-  for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
-    const Node& node = graph.nodes[i];
-    std::int32_t root = static_cast<std::int32_t>(i);
-    if (!node.aliased_inputs.empty())
-      root = roots[static_cast<std::size_t>(node.inputs[static_cast<std::size_t>(node.aliased_inputs.front())])];
-    else if (node.view && !node.inputs.empty())
-      root = roots[static_cast<std::size_t>(node.inputs.front())];
-    roots[i] = root;
-  }
-  return roots;
 }
 
 GraphSummary summarize(const Graph& graph) {

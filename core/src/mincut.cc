@@ -13,6 +13,9 @@
 #include <boost/graph/push_relabel_max_flow.hpp>
 #include <boost/property_map/property_map.hpp>
 
+#include "hyper_ac/alias.h"
+#include "hyper_ac/cost.h"
+
 namespace hyper_ac {
 
 const char* to_string(MaxFlowAlgorithm algorithm) {
@@ -31,14 +34,6 @@ constexpr std::int32_t kNone = -1;
 // Finite capacities are scaled so that their sum stays below this many units:
 // INF = sum + 1 then fits an int64 with room for the solvers' arithmetic.
 constexpr double kMaxTotalUnits = 1125899906842624.0;  // 2^50
-
-bool is_getitem(const Node& node) { return node.target == "operator.getitem"; }
-
-// A view in the saving sense: free to recompute from its base and never worth
-// saving on its own (getitem picks a tuple element and is saved by itself).
-bool is_view_like(const Node& node) { return node.view && !is_getitem(node); }
-
-bool is_aliasing(const Node& node) { return node.view || !node.aliased_inputs.empty(); }
 
 std::string quoted(const Graph& graph, std::int32_t index) {
   return "'" + graph.nodes[static_cast<std::size_t>(index)].name + "'";
@@ -62,7 +57,7 @@ struct Cut {
   double biased_bytes = 0.0;    // objective = biased_bytes + lambda * biased_seconds
   double biased_seconds = 0.0;
   MinCutStats stats;
-  std::vector<std::string> diagnostics;
+  std::vector<Diagnostic> diagnostics;
 
   double objective_at(double l) const { return biased_bytes + l * biased_seconds; }
 };
@@ -80,6 +75,7 @@ class Solver {
   }
 
   Cut solve(double lambda) const;
+  FlowNetwork export_network(double lambda) const;
 
  private:
   using CsrGraph = boost::compressed_sparse_row_graph<boost::directedS, boost::no_property, boost::no_property,
@@ -93,12 +89,29 @@ class Solver {
     double capacity;  // bytes; ignored when infinite
     bool infinite;
   };
+  // The s-t network for one lambda, before integer scaling.
+  struct Network {
+    std::int32_t vertices = 2;  // source and sink included
+    std::vector<Arc> arcs;
+    std::vector<std::int32_t> in_vertex, out_vertex;  // per node; kNone outside the network
+  };
+  // The integer capacities the solver uses.
+  struct Capacities {
+    std::vector<std::int64_t> capacity;  // per arc
+    std::int64_t infinite = 0;           // sum of the finite capacities + 1
+    double unit = 1.0;                   // bytes per capacity unit
+  };
+
+  Network build_network(double lambda) const;
+  static Capacities scale(const std::vector<Arc>& arcs);
 
   void check_options() const;
   void classify();
   void collect_candidates();
   void check_feasible() const;
-  std::vector<char> run_max_flow(std::int32_t vertices, const std::vector<Arc>& arcs, Cut& cut) const;
+  // Max flow over the network; returns the minimal source side and sets `flow`.
+  std::vector<char> run_max_flow(std::int32_t vertices, const std::vector<Arc>& arcs, const Capacities& capacities,
+                                 std::int64_t& flow) const;
 
   bool forward_value(std::int32_t i) const {
     const Node& node = graph_.nodes[static_cast<std::size_t>(i)];
@@ -137,8 +150,8 @@ void Solver::check_options() const {
   auto positive = [](double value) { return std::isfinite(value) && value > 0.0; };
   if (!std::isfinite(options_.lambda) || options_.lambda < 0.0)
     throw std::invalid_argument("solve_min_cut: lambda must be finite and >= 0, got " + format_double(options_.lambda));
-  if (!positive(options_.hardware.peak_flops) || !positive(options_.hardware.memory_bandwidth))
-    throw std::invalid_argument("solve_min_cut: hardware profile '" + options_.hardware.name +
+  if (!positive(options_.cost.hardware.peak_flops) || !positive(options_.cost.hardware.memory_bandwidth))
+    throw std::invalid_argument("solve_min_cut: hardware profile '" + options_.cost.hardware.name +
                                 "' needs peak_flops and memory_bandwidth > 0");
   if (!positive(options_.prefer_save_factor) || !positive(options_.prefer_recompute_factor))
     throw std::invalid_argument("solve_min_cut: prefer_save_factor and prefer_recompute_factor must be > 0");
@@ -167,15 +180,13 @@ void Solver::classify() {
     // or an alias of such storage; a MUST_RECOMPUTE tag is honoured even so.
     const bool must_recompute = tags_[i] == Policy::MustRecompute && node.kind == NodeKind::CallFunction;
     bool is_free = node.kind != NodeKind::CallFunction || (output_read[i] && !must_recompute);
-    if (!is_free && is_aliasing(node) && !node.inputs.empty()) {
+    const auto positions = alias_positions(node);
+    if (!is_free && !positions.empty()) {
       bool all_free = true;
-      auto check = [&](std::int32_t position) {
-        if (position < 0 || static_cast<std::size_t>(position) >= node.inputs.size()) return;
+      for (auto position : positions) {
         auto base = node.inputs[static_cast<std::size_t>(position)];
         if (forward_value(base) && !free_[static_cast<std::size_t>(base)]) all_free = false;
-      };
-      if (node.aliased_inputs.empty()) check(0);
-      for (auto position : node.aliased_inputs) check(position);
+      }
       is_free = all_free && !must_recompute;
     }
     if (is_free) {
@@ -204,7 +215,7 @@ void Solver::classify() {
     double bytes = node.symint ? static_cast<double>(options_.symint_bytes) : static_cast<double>(node.output_bytes());
     if (tag == Policy::PreferRecompute) bytes *= options_.prefer_recompute_factor;
     save_bytes_[i] = bytes;
-    double seconds = recompute_seconds(graph_, index, options_.hardware);
+    double seconds = recompute_seconds(graph_, index, options_.cost);
     if (tag == Policy::PreferSave) seconds *= options_.prefer_save_factor;
     seconds_[i] = seconds;
   }
@@ -293,7 +304,7 @@ void Solver::check_feasible() const {
   }
 }
 
-std::vector<char> Solver::run_max_flow(std::int32_t vertices, const std::vector<Arc>& arcs, Cut& cut) const {
+Solver::Capacities Solver::scale(const std::vector<Arc>& arcs) {
   // Integer capacities in units of `unit` bytes.
   double finite_total = 0.0;
   for (const auto& arc : arcs)
@@ -312,7 +323,13 @@ std::vector<char> Solver::run_max_flow(std::int32_t vertices, const std::vector<
   const std::int64_t infinite = total + 1;
   for (std::size_t k = 0; k < arcs.size(); ++k)
     if (arcs[k].infinite) capacity[k] = infinite;
-  cut.stats.capacity_unit = unit;
+  return {std::move(capacity), infinite, unit};
+}
+
+std::vector<char> Solver::run_max_flow(std::int32_t vertices, const std::vector<Arc>& arcs, const Capacities& capacities,
+                                       std::int64_t& flow) const {
+  const auto& capacity = capacities.capacity;
+  const std::int64_t infinite = capacities.infinite;
 
   // CSR arrays: every arc k is followed by its reverse; sorted by tail with a
   // stable counting sort so positions (edge indices) are known.
@@ -351,7 +368,7 @@ std::vector<char> Solver::run_max_flow(std::int32_t vertices, const std::vector<
   auto reverse_map = boost::make_iterator_property_map(reverse.begin(), edge_index);
   auto vertex_index = boost::get(boost::vertex_index, g);
 
-  std::int64_t flow = 0;
+  flow = 0;
   const auto source = static_cast<VertexDescriptor>(kSource), sink = static_cast<VertexDescriptor>(kSink);
   if (options_.algorithm == MaxFlowAlgorithm::BoykovKolmogorov) {
     std::vector<EdgeDescriptor> predecessor(nv);
@@ -367,7 +384,6 @@ std::vector<char> Solver::run_max_flow(std::int32_t vertices, const std::vector<
   }
   if (flow >= infinite)
     throw std::logic_error("min-cut: max flow reached the infinite capacity although the feasibility check passed");
-  cut.stats.max_flow = flow;
 
   // Minimal source side: what the source still reaches in the residual
   // network. It is the same for every maximum flow, hence for both solvers.
@@ -386,24 +402,21 @@ std::vector<char> Solver::run_max_flow(std::int32_t vertices, const std::vector<
   return reached;
 }
 
-Cut Solver::solve(double lambda) const {
+Solver::Network Solver::build_network(double lambda) const {
   const std::size_t n = graph_.nodes.size();
-  Cut cut;
-  cut.lambda = lambda;
-  cut.policies = tags_;
-  cut.stats.forward_nodes = forward_nodes_;
-  cut.stats.free_nodes = free_nodes_;
-  cut.stats.candidate_nodes = candidates_.size();
-
   // Vertices: source, sink, then in/out vertices of candidates. Exact merges:
   // a node never recomputed has its in-vertex at the source; one never saved
   // has out = in; one with zero recompute cost and a single network input
   // shares that input's out-vertex (a view chain collapses onto its base);
   // zero cost with no network input, or zero save bytes, sits at the sink.
-  std::vector<std::int32_t> in_vertex(n, kNone), out_vertex(n, kNone);
-  std::vector<Arc> arcs;
+  Network network;
+  auto& in_vertex = network.in_vertex;
+  auto& out_vertex = network.out_vertex;
+  auto& arcs = network.arcs;
+  auto& vertices = network.vertices;
+  in_vertex.assign(n, kNone);
+  out_vertex.assign(n, kNone);
   arcs.reserve(candidates_.size() * 4);
-  std::int32_t vertices = 2;
   std::vector<std::int32_t> input_vertices;
   // Deduplicates input vertices per node in O(inputs): stamp[x] = last node that saw x.
   std::vector<std::int32_t> stamp(2 + 2 * candidates_.size(), kNone);
@@ -446,10 +459,24 @@ Cut Solver::solve(double lambda) const {
     out_vertex[i] = out;
     if (read_by_backward_[i] && out != kSink) arcs.push_back({out, kSink, 0.0, true});
   }
-  cut.stats.network_vertices = static_cast<std::size_t>(vertices);
-  cut.stats.network_edges = arcs.size();
+  return network;
+}
 
-  std::vector<char> source_side = run_max_flow(vertices, arcs, cut);
+Cut Solver::solve(double lambda) const {
+  const std::size_t n = graph_.nodes.size();
+  Cut cut;
+  cut.lambda = lambda;
+  cut.policies = tags_;
+  cut.stats.forward_nodes = forward_nodes_;
+  cut.stats.free_nodes = free_nodes_;
+  cut.stats.candidate_nodes = candidates_.size();
+  const Network network = build_network(lambda);
+  const auto& in_vertex = network.in_vertex;
+  cut.stats.network_vertices = static_cast<std::size_t>(network.vertices);
+  cut.stats.network_edges = network.arcs.size();
+  const Capacities capacities = scale(network.arcs);
+  cut.stats.capacity_unit = capacities.unit;
+  std::vector<char> source_side = run_max_flow(network.vertices, network.arcs, capacities, cut.stats.max_flow);
   auto on_sink_side = [&](std::int32_t vertex) { return !source_side[static_cast<std::size_t>(vertex)]; };
 
   // What the backward actually needs: its reads, then the inputs of every
@@ -474,7 +501,7 @@ Cut Solver::solve(double lambda) const {
     const Policy tag = tags_[i];
     if (recomputed[i]) {
       cut.recomputed.push_back(v);
-      double seconds = recompute_seconds(graph_, v, options_.hardware);
+      double seconds = recompute_seconds(graph_, v, options_.cost);
       cut.recompute_seconds += seconds;
       cut.recompute_flops += node.flops;
       cut.biased_seconds += seconds_[i];
@@ -504,14 +531,48 @@ Cut Solver::solve(double lambda) const {
   cut.stats.saved_values = cut.saved.size();
   cut.stats.recomputed_nodes = cut.recomputed.size();
   if (cut.stats.capacity_unit > 1.0)
-    cut.diagnostics.push_back("min-cut: capacities scaled to units of " + format_double(cut.stats.capacity_unit) +
-                              " bytes to fit 64-bit integers");
-  cut.diagnostics.push_back("min-cut (lambda " + format_double(lambda) + " B/s): saved " +
-                            std::to_string(cut.saved.size()) + " values (" + format_bytes(cut.saved_bytes) +
-                            "), recompute " + std::to_string(cut.recomputed.size()) + " nodes (" +
-                            format_double(cut.recompute_seconds) + " s, " + format_double(cut.recompute_flops) +
-                            " FLOPs)");
+    cut.diagnostics.push_back({Severity::Info, -1,
+                               "min-cut: capacities scaled to units of " + format_double(cut.stats.capacity_unit) +
+                                   " bytes to fit 64-bit integers"});
+  cut.diagnostics.push_back({Severity::Info, -1,
+                             "min-cut (lambda " + format_double(lambda) + " B/s): saved " +
+                                 std::to_string(cut.saved.size()) + " values (" + format_bytes(cut.saved_bytes) +
+                                 "), recompute " + std::to_string(cut.recomputed.size()) + " nodes (" +
+                                 format_double(cut.recompute_seconds) + " s, " + format_double(cut.recompute_flops) +
+                                 " FLOPs)"});
   return cut;
+}
+
+FlowNetwork Solver::export_network(double lambda) const {
+  const Network network = build_network(lambda);
+  const Capacities capacities = scale(network.arcs);
+  FlowNetwork out;
+  out.vertices = static_cast<std::size_t>(network.vertices);
+  out.arcs = network.arcs.size();
+  out.capacity_unit = capacities.unit;
+  out.infinite_capacity = capacities.infinite;
+  out.lambda = lambda;
+  run_max_flow(network.vertices, network.arcs, capacities, out.max_flow);
+  // DIMACS numbers vertices from 1: the core's vertex v is v + 1 (source 1, sink 2).
+  std::string text;
+  text += "c hyper_ac min-cut flow network (docs/mincut.md), lambda " + format_double(lambda) + " B/s\n";
+  text += "c capacities in units of " + format_double(capacities.unit) + " bytes (saved bytes + lambda * recompute seconds)\n";
+  text += "c infinite arcs are written with capacity " + std::to_string(capacities.infinite) +
+          " (the sum of all finite capacities + 1)\n";
+  text += "p max " + std::to_string(network.vertices) + " " + std::to_string(network.arcs.size()) + "\n";
+  text += "n " + std::to_string(kSource + 1) + " s\n";
+  text += "n " + std::to_string(kSink + 1) + " t\n";
+  for (auto v : candidates_) {
+    auto i = static_cast<std::size_t>(v);
+    text += "c vertex " + std::to_string(network.in_vertex[i] + 1) + " " + graph_.nodes[i].name + " in\n";
+    text += "c vertex " + std::to_string(network.out_vertex[i] + 1) + " " + graph_.nodes[i].name + " out\n";
+  }
+  for (std::size_t k = 0; k < network.arcs.size(); ++k)
+    text += "a " + std::to_string(network.arcs[k].tail + 1) + " " + std::to_string(network.arcs[k].head + 1) + " " +
+            std::to_string(capacities.capacity[k]) + "\n";
+  text += "c max_flow " + std::to_string(out.max_flow) + "\n";
+  out.dimacs = std::move(text);
+  return out;
 }
 
 MinCutResult to_result(Cut&& cut) {
@@ -533,14 +594,6 @@ bool same_cut(const Cut& a, const Cut& b) { return a.saved == b.saved && a.recom
 
 }  // namespace
 
-double recompute_seconds(const Graph& graph, std::int32_t index, const HardwareProfile& hardware) {
-  const Node& node = graph.nodes.at(static_cast<std::size_t>(index));
-  if (node.kind != NodeKind::CallFunction || is_view_like(node) || is_getitem(node) || node.symint) return 0.0;
-  double bytes = static_cast<double>(node.output_bytes());
-  for (auto input : node.inputs) bytes += static_cast<double>(graph.nodes[static_cast<std::size_t>(input)].output_bytes());
-  return std::max(node.flops / hardware.peak_flops, bytes / hardware.memory_bandwidth);
-}
-
 MinCutResult solve_min_cut(const Graph& graph, const std::vector<Policy>& tags, const MinCutOptions& options) {
   auto start = std::chrono::steady_clock::now();
   Solver solver(graph, tags, options);
@@ -549,20 +602,25 @@ MinCutResult solve_min_cut(const Graph& graph, const std::vector<Policy>& tags, 
   return result;
 }
 
-ParetoResult pareto_frontier(const Graph& graph, const std::vector<Policy>& tags, const MinCutOptions& options,
-                             const ParetoOptions& pareto) {
+FlowNetwork flow_network(const Graph& graph, const std::vector<Policy>& tags, const MinCutOptions& options) {
+  Solver solver(graph, tags, options);
+  return solver.export_network(options.lambda);
+}
+
+ParetoResult pareto(const Graph& graph, const std::vector<Policy>& tags, const MinCutOptions& options,
+                    const ParetoOptions& sweep) {
   auto start = std::chrono::steady_clock::now();
-  if (!(std::isfinite(pareto.lambda_min) && std::isfinite(pareto.lambda_max) && pareto.lambda_min >= 0.0 &&
-        pareto.lambda_min <= pareto.lambda_max))
-    throw std::invalid_argument("pareto_frontier: need 0 <= lambda_min <= lambda_max, got " +
-                                format_double(pareto.lambda_min) + " and " + format_double(pareto.lambda_max));
-  if (pareto.max_solves < 2) throw std::invalid_argument("pareto_frontier: max_solves must be >= 2");
+  if (!(std::isfinite(sweep.lambda_min) && std::isfinite(sweep.lambda_max) && sweep.lambda_min >= 0.0 &&
+        sweep.lambda_min <= sweep.lambda_max))
+    throw std::invalid_argument("pareto: need 0 <= lambda_min <= lambda_max, got " +
+                                format_double(sweep.lambda_min) + " and " + format_double(sweep.lambda_max));
+  if (sweep.max_solves < 2) throw std::invalid_argument("pareto: max_solves must be >= 2");
   Solver solver(graph, tags, options);
   std::vector<Cut> cuts;
-  cuts.push_back(solver.solve(pareto.lambda_min));
+  cuts.push_back(solver.solve(sweep.lambda_min));
   std::size_t solves = 1;
-  if (pareto.lambda_max > pareto.lambda_min) {
-    cuts.push_back(solver.solve(pareto.lambda_max));
+  if (sweep.lambda_max > sweep.lambda_min) {
+    cuts.push_back(solver.solve(sweep.lambda_max));
     ++solves;
   }
   // Eisner-Severance: the optimal objective is concave and piecewise linear in
@@ -572,7 +630,7 @@ ParetoResult pareto_frontier(const Graph& graph, const std::vector<Policy>& tags
   // Breadth first, so a search stopped by max_solves still spans the range.
   std::deque<std::pair<std::size_t, std::size_t>> work;
   if (cuts.size() == 2 && !same_cut(cuts[0], cuts[1])) work.emplace_back(0, 1);
-  while (!work.empty() && solves < pareto.max_solves) {
+  while (!work.empty() && solves < sweep.max_solves) {
     auto [a, b] = work.front();
     work.pop_front();
     const Cut& lo = cuts[a];
@@ -596,18 +654,10 @@ ParetoResult pareto_frontier(const Graph& graph, const std::vector<Policy>& tags
   result.solves = solves;
   result.complete = work.empty();
   std::sort(cuts.begin(), cuts.end(), [](const Cut& x, const Cut& y) { return x.lambda > y.lambda; });
-  std::vector<ParetoPoint>& points = result.points;
+  std::vector<MinCutResult>& points = result.points;
   for (auto& cut : cuts) {
     if (!points.empty() && points.back().saved == cut.saved && points.back().recomputed == cut.recomputed) continue;
-    ParetoPoint point;
-    point.lambda = cut.lambda;
-    point.saved_bytes = cut.saved_bytes;
-    point.recompute_seconds = cut.recompute_seconds;
-    point.recompute_flops = cut.recompute_flops;
-    point.policies = std::move(cut.policies);
-    point.saved = std::move(cut.saved);
-    point.recomputed = std::move(cut.recomputed);
-    points.push_back(std::move(point));
+    points.push_back(to_result(std::move(cut)));
   }
   result.solve_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;

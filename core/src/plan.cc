@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <variant>
 
 #include <nlohmann/json.hpp>
 
@@ -47,58 +48,62 @@ std::string joined(const std::vector<std::string>& items, std::size_t limit = 8)
 // The budget as a simulated peak (everything resident included). Absolute
 // sizes are that peak. A fraction f keeps f of the all-saved activation bytes:
 // the all-saved step's peak less (1 - f) of the activations its backward reads.
-std::int64_t budget_target(const Graph& graph, const Config& config, const SimulateResult& all_saved) {
-  double budget = *config.mincut.memory_budget;
-  if (!config.mincut.memory_budget_is_fraction) return static_cast<std::int64_t>(budget);
+std::int64_t budget_target(const Graph& graph, const MemoryBudget& budget, const SimulateResult& all_saved) {
+  if (const auto* bytes = std::get_if<BudgetBytes>(&budget)) return static_cast<std::int64_t>(bytes->bytes);
+  const double fraction = std::get<BudgetFraction>(budget).fraction;
   double activations = static_cast<double>(summarize(graph).activation_bytes_read_by_backward);
-  return static_cast<std::int64_t>(static_cast<double>(all_saved.peak_bytes_with_resident) - (1.0 - budget) * activations);
+  return static_cast<std::int64_t>(static_cast<double>(all_saved.peak_bytes_with_resident) - (1.0 - fraction) * activations);
 }
 
 // Budget mode: the least-recompute point of the Pareto frontier whose
-// simulated peak fits; none fits → the smallest peak, with a warning.
-void choose_within_budget(const Graph& graph, const Config& config, const MinCutOptions& cut_options,
-                          const SimulateResult& all_saved, PlanResult& result) {
-  const std::int64_t target = budget_target(graph, config, all_saved);
+// simulated peak fits; none fits -> the smallest peak, with a warning.
+Evaluation choose_within_budget(const Graph& graph, const Config& config, const StageOptions& stages,
+                                const SimulateResult& all_saved, PlanResult& result) {
+  const std::int64_t target = budget_target(graph, config.mincut.memory_budget, all_saved);
   result.stats.budget_bytes = target;
   auto stage = Clock::now();
-  ParetoResult frontier = pareto_frontier(graph, result.tags.policies, cut_options);
+  ParetoResult frontier = pareto(graph, result.tags.policies, stages.mincut);
   result.timings.mincut_seconds = seconds_since(stage);
-  stage = Clock::now();
-  SimulateOptions sim_options;
-  sim_options.record_timeline = false;
-  std::int64_t best_peak = -1;
-  bool met = false;
-  for (auto& point : frontier.points) {
-    pin_tuple_projections(graph, point.policies);
-    RematPlan plan = plan_remat(graph, point.policies);
-    SimulateResult sim = simulate_memory(graph, &plan, sim_options);
-    std::int64_t peak = sim.peak_bytes_with_resident;
-    if (peak <= target) {
-      result.policies = point.policies;
-      result.remat = std::move(plan);
-      result.stats.lambda = point.lambda;
-      met = true;
+  Evaluation chosen;
+  bool met = false, any = false;
+  for (const auto& point : frontier.points) {
+    Evaluation evaluation = evaluate(graph, point.policies, stages.cost);
+    evaluation.lambda = point.lambda;
+    result.timings.remat_seconds += evaluation.remat_seconds + evaluation.simulate_seconds;
+    if (evaluation.simulated_peak_bytes <= target) {
+      chosen = std::move(evaluation);
+      met = any = true;
       break;
     }
-    if (best_peak < 0 || peak < best_peak) {
-      best_peak = peak;
-      result.policies = point.policies;
-      result.remat = std::move(plan);
-      result.stats.lambda = point.lambda;
+    if (!any || evaluation.simulated_peak_bytes < chosen.simulated_peak_bytes) {
+      chosen = std::move(evaluation);
+      any = true;
     }
   }
-  if (frontier.points.empty()) result.remat = plan_remat(graph, result.policies);
-  result.timings.remat_seconds = seconds_since(stage);  // remat + simulation of the frontier's points
+  if (!any) chosen = evaluate(graph, result.tags.policies, stages.cost);
   result.stats.budget_met = met;
   if (!met) {
     result.diagnostics.push_back(
-        {"warning", "memory budget " + format_bytes(target) + " (simulated peak)" +
-                        " cannot be met: the smallest simulated peak reachable is " +
-                        format_bytes(best_peak < 0 ? 0 : best_peak) + "; using that plan"});
+        {Severity::Warning, -1,
+         "memory budget " + format_bytes(target) + " (simulated peak)" +
+             " cannot be met: the smallest simulated peak reachable is " +
+             format_bytes(any ? chosen.simulated_peak_bytes : 0) + "; using that plan"});
   }
   if (!frontier.complete)
-    result.diagnostics.push_back({"info", "Pareto search stopped after " + std::to_string(frontier.solves) +
-                                              " max-flow solves; the budget plan may not be the least-recompute one"});
+    result.diagnostics.push_back({Severity::Info, -1,
+                                  "Pareto search stopped after " + std::to_string(frontier.solves) +
+                                      " max-flow solves; the budget plan may not be the least-recompute one"});
+  return chosen;
+}
+
+// Scope and tags as the `auto` mode sees them (the frontier and the flow network).
+TagResult auto_tags(const Graph& graph, const PlanOptions& options, StageOptions& stages) {
+  Config config = options.config;
+  config.mode = Mode::Auto;
+  config.mincut.memory_budget = std::monostate{};
+  stages = stage_options(config, options.op_policy);
+  Scope scope = resolve_scope(graph, stages.scope);
+  return tag_policies(graph, scope, stages.tag);
 }
 
 }  // namespace
@@ -110,7 +115,36 @@ PlanOptions parse_plan_options(const std::string& config_json, const std::string
   return options;
 }
 
-PlanResult make_plan(const Graph& graph, const PlanOptions& options) {
+StageOptions stage_options(const Config& config, const OpPolicyTable& op_policy) {
+  StageOptions stages;
+  stages.scope = scope_options(config);
+  stages.tag.mode = config.mode;
+  stages.tag.op_policy = effective_op_policy(config, op_policy);
+  stages.tag.save_forward_all_gather = config.save_forward_all_gather;
+  stages.cost.hardware = config.mincut.hardware;
+  stages.mincut.lambda = effective_lambda(config.mincut);
+  stages.mincut.cost = stages.cost;
+  return stages;
+}
+
+Evaluation evaluate(const Graph& graph, const std::vector<Policy>& policies, const CostOptions& cost) {
+  Evaluation evaluation;
+  auto stage = Clock::now();
+  evaluation.remat = plan_remat(graph, policies);
+  evaluation.remat_seconds = seconds_since(stage);
+  stage = Clock::now();
+  const SimulateResult simulated = simulate_memory(graph, &evaluation.remat);
+  evaluation.simulate_seconds = seconds_since(stage);
+  evaluation.saved_bytes = evaluation.remat.stats.saved_bytes_after;
+  evaluation.recompute_flops = evaluation.remat.stats.recompute_flops;
+  evaluation.nodes_duplicated = evaluation.remat.duplicates.size();
+  for (const auto& dup : evaluation.remat.duplicates) evaluation.recompute_seconds += recompute_seconds(graph, dup.of, cost);
+  evaluation.simulated_peak_bytes = simulated.peak_bytes_with_resident;
+  evaluation.simulated_activation_peak_bytes = simulated.peak_bytes;
+  return evaluation;
+}
+
+PlanResult plan(const Graph& graph, const PlanOptions& options) {
   const Config& config = options.config;
   const auto started = Clock::now();
   PlanResult result;
@@ -121,67 +155,53 @@ PlanResult make_plan(const Graph& graph, const PlanOptions& options) {
     result.tags.graph_id.assign(graph.nodes.size(), -1);
     result.tags.reasons.assign(graph.nodes.size(), "");
     result.remat = plan_remat(graph, result.policies);
-    result.diagnostics.push_back({"info", "ac_mode is off: graph left unchanged"});
+    result.diagnostics.push_back({Severity::Info, -1, "ac_mode is off: graph left unchanged"});
     return result;
   }
+  const StageOptions stages = stage_options(config, options.op_policy);
 
   auto stage = Clock::now();
-  result.scope = resolve_scope(graph, scope_options(config));
+  result.scope = resolve_scope(graph, stages.scope);
   result.timings.scope_seconds = seconds_since(stage);
-  for (const auto& note : result.scope.notes) result.diagnostics.push_back({"info", note});
+  for (const auto& note : result.scope.diagnostics) result.diagnostics.push_back(note);
   result.stats.units = result.scope.units.size();
   result.stats.selected_units = result.scope.selected_units.size();
   result.stats.regions = result.scope.regions.size();
 
-  TagOptions tag_options;
-  tag_options.mode = config.mode;
-  tag_options.op_policy = effective_op_policy(config, options.op_policy);
-  tag_options.save_forward_all_gather = config.save_forward_all_gather;
   stage = Clock::now();
-  result.tags = tag_policies(graph, result.scope, tag_options);
-  result.policies = result.tags.policies;
+  result.tags = tag_policies(graph, result.scope, stages.tag);
   result.timings.tag_seconds = seconds_since(stage);
 
-  MinCutOptions cut_options;
-  cut_options.lambda = effective_lambda(config.mincut);
-  cut_options.hardware = config.mincut.hardware;
-  SimulateOptions sim_options;
-  sim_options.record_timeline = false;
   stage = Clock::now();
-  const SimulateResult before = simulate_memory(graph, nullptr, sim_options);
+  const SimulateResult before = simulate_memory(graph, nullptr);
   result.timings.simulate_seconds += seconds_since(stage);
   result.stats.simulated_peak_before = before.peak_bytes_with_resident;
   result.stats.simulated_activation_peak_before = before.peak_bytes;
 
+  Evaluation evaluation;
   if (config.mode == Mode::Auto) {
     stage = Clock::now();
-    MinCutResult cut = solve_min_cut(graph, result.tags.policies, cut_options);
+    MinCutResult cut = solve_min_cut(graph, result.tags.policies, stages.mincut);
     result.timings.mincut_seconds = seconds_since(stage);
-    result.policies = cut.policies;
-    result.stats.lambda = cut.lambda;
-    for (const auto& note : cut.diagnostics) result.diagnostics.push_back({"info", note});
-    stage = Clock::now();
-    pin_tuple_projections(graph, result.policies);
-    result.remat = plan_remat(graph, result.policies);
-    result.timings.remat_seconds = seconds_since(stage);
+    for (const auto& note : cut.diagnostics) result.diagnostics.push_back(note);
+    evaluation = evaluate(graph, cut.policies, stages.cost);
+    evaluation.lambda = cut.lambda;
   } else if (config.mode == Mode::Budget) {
-    choose_within_budget(graph, config, cut_options, before, result);
+    evaluation = choose_within_budget(graph, config, stages, before, result);
   } else {
-    stage = Clock::now();
-    pin_tuple_projections(graph, result.policies);
-    result.remat = plan_remat(graph, result.policies);
-    result.timings.remat_seconds = seconds_since(stage);
+    evaluation = evaluate(graph, result.tags.policies, stages.cost);
   }
-  stage = Clock::now();
-  const SimulateResult after = simulate_memory(graph, &result.remat, sim_options);
-  result.timings.simulate_seconds += seconds_since(stage);
-  result.stats.simulated_peak_after = after.peak_bytes_with_resident;
-  result.stats.simulated_activation_peak_after = after.peak_bytes;
+  result.timings.remat_seconds += evaluation.remat_seconds;
+  result.timings.simulate_seconds += evaluation.simulate_seconds;
+  result.stats.lambda = evaluation.lambda;
+  result.stats.simulated_peak_after = evaluation.simulated_peak_bytes;
+  result.stats.simulated_activation_peak_after = evaluation.simulated_activation_peak_bytes;
+  result.stats.recompute_seconds = evaluation.recompute_seconds;
+  result.remat = std::move(evaluation.remat);
+  result.policies = result.remat.policies;
+
   std::vector<char> duplicated(graph.nodes.size(), 0);
-  for (const auto& dup : result.remat.duplicates) {
-    result.stats.recompute_seconds += recompute_seconds(graph, dup.of, config.mincut.hardware);
-    duplicated[static_cast<std::size_t>(dup.of)] = 1;
-  }
+  for (const auto& dup : result.remat.duplicates) duplicated[static_cast<std::size_t>(dup.of)] = 1;
   std::vector<char> rebuilt(graph.nodes.size(), 0);
   for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
     if (!result.scope.node_excluded[i] || !graph.nodes[i].is_forward()) continue;
@@ -196,49 +216,33 @@ PlanResult make_plan(const Graph& graph, const PlanOptions& options) {
   for (const auto& node : graph.nodes) already_rematted = already_rematted || !node.recomputed_from.empty();
   if (result.remat.duplicates.empty() && !result.scope.regions.empty() && !already_rematted)
     result.diagnostics.push_back(
-        {"warning", "activation checkpointing matched scope [" + joined(result.scope.regions) +
-                        "] but recomputed no node; the model may already be wrapped by eager checkpointing, or "
-                        "every candidate was pinned to save"});
+        {Severity::Warning, -1,
+         "activation checkpointing matched scope [" + joined(result.scope.regions) +
+             "] but recomputed no node; the model may already be wrapped by eager checkpointing, or "
+             "every candidate was pinned to save"});
   result.timings.total_seconds = seconds_since(started);
   return result;
 }
 
-std::vector<FrontierPoint> plan_frontier(const Graph& graph, const PlanOptions& options) {
-  PlanOptions auto_options = options;
-  auto_options.config.mode = Mode::Auto;
-  auto_options.config.mincut.memory_budget.reset();
-  Scope scope = resolve_scope(graph, scope_options(auto_options.config));
-  TagOptions tag_options;
-  tag_options.mode = Mode::Auto;
-  tag_options.op_policy = effective_op_policy(auto_options.config, options.op_policy);
-  tag_options.save_forward_all_gather = auto_options.config.save_forward_all_gather;
-  TagResult tags = tag_policies(graph, scope, tag_options);
-  MinCutOptions cut_options;
-  cut_options.hardware = auto_options.config.mincut.hardware;
-  cut_options.lambda = effective_lambda(auto_options.config.mincut);
-  ParetoResult frontier = pareto_frontier(graph, tags.policies, cut_options);
-  SimulateOptions sim_options;
-  sim_options.record_timeline = false;
-  std::vector<FrontierPoint> points;
-  for (auto& p : frontier.points) {
-    pin_tuple_projections(graph, p.policies);
-    RematPlan plan = plan_remat(graph, p.policies);
-    SimulateResult sim = simulate_memory(graph, &plan, sim_options);
-    FrontierPoint point;
-    point.lambda = p.lambda;
-    point.saved_bytes = plan.stats.saved_bytes_after;
-    point.recompute_flops = plan.stats.recompute_flops;
-    for (const auto& dup : plan.duplicates) point.recompute_seconds += recompute_seconds(graph, dup.of, cut_options.hardware);
-    point.nodes_duplicated = plan.duplicates.size();
-    point.simulated_peak_bytes = sim.peak_bytes_with_resident;
-    point.simulated_activation_peak_bytes = sim.peak_bytes;
-    points.push_back(point);
+std::vector<Evaluation> pareto(const Graph& graph, const PlanOptions& options) {
+  StageOptions stages;
+  const TagResult tags = auto_tags(graph, options, stages);
+  ParetoResult frontier = pareto(graph, tags.policies, stages.mincut);
+  std::vector<Evaluation> points;
+  for (const auto& point : frontier.points) {
+    points.push_back(evaluate(graph, point.policies, stages.cost));
+    points.back().lambda = point.lambda;
   }
   return points;
 }
 
-RecomputeScore score_recompute_set(const Graph& graph, const std::vector<std::int32_t>& recomputed,
-                                   const HardwareProfile& hardware) {
+FlowNetwork flow_network(const Graph& graph, const PlanOptions& options) {
+  StageOptions stages;
+  const TagResult tags = auto_tags(graph, options, stages);
+  return flow_network(graph, tags.policies, stages.mincut);
+}
+
+Evaluation score_recompute_set(const Graph& graph, const std::vector<std::int32_t>& recomputed, const CostOptions& cost) {
   std::vector<Policy> policies(graph.nodes.size(), Policy::None);
   for (auto i : recomputed) {
     if (i < 0 || static_cast<std::size_t>(i) >= graph.nodes.size())
@@ -248,20 +252,10 @@ RecomputeScore score_recompute_set(const Graph& graph, const std::vector<std::in
       throw std::invalid_argument("score_recompute_set: '" + node.name + "' is not a forward call_function node");
     policies[static_cast<std::size_t>(i)] = Policy::MustRecompute;
   }
-  pin_tuple_projections(graph, policies);
-  RematPlan plan = plan_remat(graph, policies);
-  SimulateOptions sim_options;
-  sim_options.record_timeline = false;
-  RecomputeScore score;
-  score.saved_bytes = plan.stats.saved_bytes_after;
-  score.recompute_flops = plan.stats.recompute_flops;
-  score.nodes_duplicated = plan.duplicates.size();
-  for (const auto& dup : plan.duplicates) score.recompute_seconds += recompute_seconds(graph, dup.of, hardware);
-  score.simulated_peak_bytes = simulate_memory(graph, &plan, sim_options).peak_bytes_with_resident;
-  return score;
+  return evaluate(graph, policies, cost);
 }
 
-std::string frontier_to_json(const std::vector<FrontierPoint>& points) {
+std::string pareto_to_json(const std::vector<Evaluation>& points) {
   json out = json::array();
   for (const auto& p : points)
     out.push_back({{"lambda", p.lambda},
@@ -365,7 +359,12 @@ std::string plan_to_json(const Graph& graph, const PlanResult& result, bool incl
       {"budget_met", ps.budget_met},
   };
   json diagnostics = json::array();
-  for (const auto& d : result.diagnostics) diagnostics.push_back({{"level", d.level}, {"message", d.message}});
+  // Rendered as {level, message}; a diagnostic about one node also names it.
+  for (const auto& d : result.diagnostics) {
+    json entry = {{"level", to_string(d.severity)}, {"message", d.message}};
+    if (d.node >= 0 && static_cast<std::size_t>(d.node) < graph.nodes.size()) entry["node"] = name(d.node);
+    diagnostics.push_back(std::move(entry));
+  }
   document["diagnostics"] = diagnostics;
   if (include_timings) {
     const auto& t = result.timings;

@@ -4,6 +4,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "hyper_ac/alias.h"
+
 namespace hyper_ac {
 
 namespace {
@@ -42,12 +44,15 @@ std::size_t pin_tuple_projections(const Graph& graph, std::vector<Policy>& polic
   return changed;
 }
 
-RematPlan plan_remat(const Graph& graph, const std::vector<Policy>& policies, const RematOptions& options) {
+RematPlan plan_remat(const Graph& graph, const std::vector<Policy>& requested, const RematOptions& options) {
   const std::size_t n = graph.nodes.size();
-  if (policies.size() != n)
-    throw std::invalid_argument("plan_remat: " + std::to_string(policies.size()) + " policies for " + std::to_string(n) +
+  if (requested.size() != n)
+    throw std::invalid_argument("plan_remat: " + std::to_string(requested.size()) + " policies for " + std::to_string(n) +
                                 " nodes");
   RematPlan plan;
+  plan.policies = requested;
+  plan.stats.pinned_projections = pin_tuple_projections(graph, plan.policies);
+  const std::vector<Policy>& policies = plan.policies;
 
   // Earliest backward consumer of every recomputed node, walking inputs
   // transitively through recomputed nodes. A node already assigned was reached

@@ -3,6 +3,7 @@
 #include <fnmatch.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -28,9 +29,15 @@ std::string parent_of(const std::string& fqn) {
 }
 
 // The module FQNs the patterns are matched against: the live model's modules
-// when known, otherwise every frame seen on a module stack.
+// (each object once, as named_modules() lists them) when known, otherwise
+// every frame seen on a module stack.
 std::vector<ModuleFrame> module_universe(const Graph& graph) {
-  if (graph.model.present && !graph.model.modules.empty()) return graph.model.modules;
+  if (graph.model.present && !graph.model.modules.empty()) {
+    std::vector<ModuleFrame> frames;
+    for (const auto& m : graph.model.modules)
+      if (m.same_as.empty()) frames.push_back({m.fqn, m.type});
+    return frames;
+  }
   std::map<std::string, std::string> seen;
   for (const auto& stack : graph.stacks)
     for (const auto& frame : stack) seen.emplace(frame.fqn, frame.type);
@@ -38,6 +45,47 @@ std::vector<ModuleFrame> module_universe(const Graph& graph) {
   for (auto& [fqn, type] : seen) frames.push_back({fqn, type});
   return frames;
 }
+
+// Outermost FQNs of `universe` under any of `roots` that match any pattern.
+// Records which patterns matched at all.
+std::vector<std::string> outermost_matches(const std::vector<ModuleFrame>& universe, const std::vector<std::string>& roots,
+                                           const std::vector<std::string>& patterns, std::vector<bool>& pattern_used) {
+  std::vector<std::string> matched;
+  for (const auto& frame : universe) {
+    bool inside = roots.empty() || std::any_of(roots.begin(), roots.end(), [&](const std::string& r) { return at_or_under(frame.fqn, r); });
+    if (!inside) continue;
+    bool hit = false;
+    for (std::size_t p = 0; p < patterns.size(); ++p)
+      if (fqn_matches(patterns[p], frame.fqn)) {
+        pattern_used[p] = true;
+        hit = true;
+      }
+    if (hit) matched.push_back(frame.fqn);
+  }
+  std::sort(matched.begin(), matched.end());
+  matched.erase(std::unique(matched.begin(), matched.end()), matched.end());
+  std::vector<std::string> outermost;
+  for (const auto& fqn : matched)  // sorted: an ancestor precedes its descendants
+    if (outermost.empty() || !at_or_under(fqn, outermost.back())) outermost.push_back(fqn);
+  return outermost;
+}
+
+// Index of the root containing fqn (walking up its dotted prefixes), or -1.
+std::int32_t find_root(const std::unordered_map<std::string, std::int32_t>& roots, const std::string& fqn) {
+  std::string current = fqn;
+  while (true) {
+    auto it = roots.find(current);
+    if (it != roots.end()) return it->second;
+    if (current.empty()) return -1;
+    current = parent_of(current);
+    if (current.empty()) {
+      auto top = roots.find("");
+      return top == roots.end() ? -1 : top->second;
+    }
+  }
+}
+
+}  // namespace
 
 // Without a live model: repeated children of one container with the same
 // type. A container never runs a forward of its own, so it never shows up as a
@@ -93,56 +141,92 @@ std::vector<ModuleFrame> units_from_stacks(const Graph& graph) {
   return units;
 }
 
-// Outermost FQNs of `universe` under any of `roots` that match any pattern.
-// Records which patterns matched at all.
-std::vector<std::string> outermost_matches(const std::vector<ModuleFrame>& universe, const std::vector<std::string>& roots,
-                                           const std::vector<std::string>& patterns, std::vector<bool>& pattern_used) {
-  std::vector<std::string> matched;
-  for (const auto& frame : universe) {
-    bool inside = roots.empty() || std::any_of(roots.begin(), roots.end(), [&](const std::string& r) { return at_or_under(frame.fqn, r); });
-    if (!inside) continue;
-    bool hit = false;
-    for (std::size_t p = 0; p < patterns.size(); ++p)
-      if (fqn_matches(patterns[p], frame.fqn)) {
-        pattern_used[p] = true;
-        hit = true;
+std::vector<ModuleFrame> units_from_model(const ModelFacts& model) {
+  const auto& modules = model.modules;
+  const std::size_t n = modules.size();
+  // Module "" is the root; entries are identified by the FQN of their first listing.
+  auto identity = [&](std::size_t i) { return modules[i].same_as.empty() ? modules[i].fqn : modules[i].same_as; };
+  std::unordered_map<std::string, std::vector<std::size_t>> children;  // parent FQN -> direct children, listing order
+  for (std::size_t i = 0; i < n; ++i) children[parent_of(modules[i].fqn)].push_back(i);
+  auto children_of = [&](const std::string& fqn) -> const std::vector<std::size_t>& {
+    static const std::vector<std::size_t> none;
+    auto it = children.find(fqn);
+    return it == children.end() ? none : it->second;
+  };
+  // A parent's children, each object once (as nn.Module.named_children gives them).
+  auto distinct_children = [&](const std::string& fqn) {
+    std::vector<std::size_t> out;
+    std::unordered_set<std::string> seen;
+    for (auto c : children_of(fqn))
+      if (seen.insert(identity(c)).second) out.push_back(c);
+    return out;
+  };
+  // The first non-empty containers under `fqn`, through non-container children up to `depth` levels down.
+  std::function<void(const std::string&, int, std::vector<std::string>&)> containers_below =
+      [&](const std::string& fqn, int depth, std::vector<std::string>& found) {
+        for (auto c : distinct_children(fqn)) {
+          if (modules[c].container) {
+            if (!children_of(modules[c].fqn).empty()) found.push_back(modules[c].fqn);
+          } else if (depth > 0) {
+            containers_below(modules[c].fqn, depth - 1, found);
+          }
+        }
+      };
+  std::vector<ModuleFrame> units;
+  std::unordered_set<std::string> seen;  // identities of the units
+  std::vector<std::string> unit_fqns;
+  auto add_children = [&](const std::string& container) {
+    for (auto c : distinct_children(container))
+      if (seen.insert(identity(c)).second) {
+        units.push_back({modules[c].fqn, modules[c].type});
+        unit_fqns.push_back(modules[c].fqn);
       }
-    if (hit) matched.push_back(frame.fqn);
+  };
+  std::vector<std::string> marked;  // named_modules() order: the root first, each object once
+  if (model.marked) marked.push_back("");
+  for (const auto& m : modules)
+    if (m.marked && m.same_as.empty()) marked.push_back(m.fqn);
+  std::vector<std::string> pending;
+  for (const auto& fqn : marked) {
+    std::vector<std::string> containers;
+    containers_below(fqn, 0, containers);
+    if (containers.empty()) pending.push_back(fqn);
+    for (const auto& container : containers) add_children(container);
   }
-  std::sort(matched.begin(), matched.end());
-  matched.erase(std::unique(matched.begin(), matched.end()), matched.end());
-  std::vector<std::string> outermost;
-  for (const auto& fqn : matched)  // sorted: an ancestor precedes its descendants
-    if (outermost.empty() || !at_or_under(fqn, outermost.back())) outermost.push_back(fqn);
-  return outermost;
-}
-
-// Index of the root containing fqn (walking up its dotted prefixes), or -1.
-std::int32_t find_root(const std::unordered_map<std::string, std::int32_t>& roots, const std::string& fqn) {
-  std::string current = fqn;
-  while (true) {
-    auto it = roots.find(current);
-    if (it != roots.end()) return it->second;
-    if (current.empty()) return -1;
-    current = parent_of(current);
-    if (current.empty()) {
-      auto top = roots.find("");
-      return top == roots.end() ? -1 : top->second;
+  auto strictly_under = [](const std::string& fqn, const std::string& root) {
+    return fqn.size() > root.size() + 1 && fqn.compare(0, root.size(), root) == 0 && fqn[root.size()] == '.';
+  };
+  for (const auto& fqn : pending) {
+    if (std::any_of(unit_fqns.begin(), unit_fqns.end(),
+                    [&](const std::string& u) { return fqn == u || strictly_under(fqn, u); }))
+      continue;
+    std::vector<std::string> containers;
+    containers_below(fqn, 8, containers);
+    for (const auto& container : containers) {
+      if (std::any_of(unit_fqns.begin(), unit_fqns.end(), [&](const std::string& u) { return strictly_under(container, u); }))
+        continue;
+      add_children(container);
     }
   }
+  return units;
 }
 
-}  // namespace
+UnitDiscovery discover_units(const Graph& graph) {
+  UnitDiscovery found;
+  if (graph.model.present) found.units = units_from_model(graph.model);
+  found.from_model = !found.units.empty();
+  if (!found.from_model) found.units = units_from_stacks(graph);
+  return found;
+}
 
 Scope resolve_scope(const Graph& graph, const ScopeOptions& options) {
   Scope scope;
-  if (graph.model.present && !graph.model.units.empty()) {
-    scope.units = graph.model.units;
-    scope.units_from_model = true;
-  } else {
+  {
     // No live model, or one without the gradient_checkpointing marker: the
     // repeated blocks are read off the module stacks.
-    scope.units = units_from_stacks(graph);
+    UnitDiscovery found = discover_units(graph);
+    scope.units = std::move(found.units);
+    scope.units_from_model = found.from_model;
     if (scope.units.empty()) {
       std::string model = graph.model.present
                               ? "model " + (graph.model.type.empty() ? std::string("(unnamed)") : graph.model.type) +
@@ -183,7 +267,7 @@ Scope resolve_scope(const Graph& graph, const ScopeOptions& options) {
 
   const std::vector<ModuleFrame> universe = module_universe(graph);
   if (selected_fqns.empty()) {
-    scope.notes.push_back("activation checkpoint layer selection matched zero layers; nothing is recomputed");
+    scope.diagnostics.push_back({Severity::Info, -1, "activation checkpoint layer selection matched zero layers; nothing is recomputed"});
   } else if (options.include.empty()) {
     scope.regions = selected_fqns;
   } else {

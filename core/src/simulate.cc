@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "hyper_ac/alias.h"
+
 namespace hyper_ac {
 
 namespace {
@@ -46,16 +48,6 @@ std::vector<ScheduleStep> original_schedule(const Graph& graph) {
 }
 
 bool is_resident(const Node& node) { return node.kind == NodeKind::Placeholder || node.kind == NodeKind::GetAttr; }
-
-// Positions of the inputs whose storage the node's output shares (empty = it allocates).
-std::vector<std::int32_t> alias_positions(const Node& node) {
-  if (node.kind != NodeKind::CallFunction) return {};
-  std::vector<std::int32_t> positions;
-  for (auto p : node.aliased_inputs)
-    if (p >= 0 && static_cast<std::size_t>(p) < node.inputs.size()) positions.push_back(p);
-  if (positions.empty() && node.view && !node.inputs.empty()) positions.push_back(0);
-  return positions;
-}
 
 // A getitem of a producer that allocates several outputs. Not for split /
 // chunk / unbind and other multi-output views: their elements share the

@@ -88,15 +88,43 @@ class GraphBuilder {
     spec.phase = "backward";
     return add("output", spec);
   }
+  // Live-model facts (docs/graph-format.md) in which `units` are what the
+  // core's marker rule finds: each unit is listed as a child of a container
+  // (its parent FQN, a ModuleList) whose own parent (or the root) carries the
+  // gradient_checkpointing marker; then the other `modules` in order.
   GraphBuilder& model(const std::string& type, std::vector<std::pair<std::string, std::string>> modules,
                       std::vector<std::pair<std::string, std::string>> units) {
+    auto parent_of = [](const std::string& fqn) {
+      auto dot = fqn.rfind('.');
+      return dot == std::string::npos ? std::string() : fqn.substr(0, dot);
+    };
     json m;
     m["type"] = type;
-    m["modules"] = json::array();
-    m["units"] = json::array();
-    for (auto& [fqn, t] : modules) m["modules"].push_back({{"fqn", fqn}, {"type", t}});
-    for (auto& [fqn, t] : units) m["units"].push_back({{"fqn", fqn}, {"type", t}});
+    json list = json::array();
+    std::map<std::string, std::size_t> listed;
+    auto add = [&](const std::string& fqn, const std::string& t) -> json& {
+      auto it = listed.find(fqn);
+      if (it != listed.end()) return list[it->second];
+      listed.emplace(fqn, list.size());
+      list.push_back({{"fqn", fqn}, {"type", t}});
+      return list[list.size() - 1];
+    };
+    for (auto& [fqn, t] : units) {
+      std::string container = parent_of(fqn);
+      std::string owner = parent_of(container);
+      if (owner.empty()) m["marked"] = true;
+      else add(owner, "Module")["marked"] = true;
+      if (!container.empty()) add(container, "ModuleList")["container"] = true;
+      add(fqn, t);
+    }
+    for (auto& [fqn, t] : modules) add(fqn, t);
+    m["modules"] = list;
     model_ = m;
+    return *this;
+  }
+  // The `model` section verbatim.
+  GraphBuilder& model_section(json section) {
+    model_ = std::move(section);
     return *this;
   }
 

@@ -146,8 +146,13 @@ TEST_CASE("round-trips through canonical JSON", "[graph][roundtrip]") {
   auto with_model = b.graph();
   auto back = load_graph(graph_to_json(with_model)).graph;
   CHECK(back.model.present);
-  CHECK(back.model.units.size() == 1);
-  CHECK(back.model.units[0].fqn == "layers.0");
+  CHECK(back.model.marked);
+  REQUIRE(back.model.modules.size() == 2);
+  CHECK(back.model.modules[0].fqn == "layers");
+  CHECK(back.model.modules[0].container);
+  CHECK(back.model.modules[1].fqn == "layers.0");
+  CHECK_FALSE(back.model.modules[1].container);
+  CHECK(graph_to_json(back) == graph_to_json(with_model));
 }
 
 TEST_CASE("the compact wire form (interned stacks, defaults left out) loads the same graph", "[graph][roundtrip]") {

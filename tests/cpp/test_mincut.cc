@@ -3,7 +3,9 @@
 // property test on random DAGs.
 #include <catch2/catch.hpp>
 
+#include <limits>
 #include <set>
+#include <sstream>
 
 #include <algorithm>
 #include <chrono>
@@ -14,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "hyper_ac/alias.h"
 #include "hyper_ac/mincut.h"
 #include "hyper_ac/remat.h"
 
@@ -113,7 +116,7 @@ using Names = std::vector<std::string>;
 MinCutOptions gpu(double lambda) {
   MinCutOptions options;
   options.lambda = lambda;
-  options.hardware = {"test-gpu", 1.0e14, 1.0e12};
+  options.cost.hardware = {"test-gpu", 1.0e14, 1.0e12};
   options.prefer_save_factor = 1.0;
   options.prefer_recompute_factor = 1.0;
   return options;
@@ -284,10 +287,10 @@ TEST_CASE("an MLP's saved set follows lambda", "[mincut]") {
   }
 
   SECTION("the Pareto frontier finds exactly the three cuts") {
-    ParetoOptions pareto;
-    pareto.lambda_min = 1e6;
-    pareto.lambda_max = 1e16;
-    ParetoResult frontier = pareto_frontier(g, tags, gpu(1e10), pareto);
+    ParetoOptions sweep;
+    sweep.lambda_min = 1e6;
+    sweep.lambda_max = 1e16;
+    ParetoResult frontier = pareto(g, tags, gpu(1e10), sweep);
     CHECK(frontier.complete);
     CHECK(frontier.solves <= 5);
     const auto& points = frontier.points;
@@ -342,7 +345,7 @@ TEST_CASE("an RNG op is never recomputed, at any lambda", "[mincut]") {
       CHECK(std::find(recomputed.begin(), recomputed.end(), "drop") == recomputed.end());
       CHECK(r.policies[static_cast<std::size_t>(net.at("drop"))] == Policy::MustSave);
     }
-    for (const auto& point : pareto_frontier(g, tags, gpu(1.0)).points) {
+    for (const auto& point : pareto(g, tags, gpu(1.0)).points) {
       auto recomputed = net.names(point.recomputed);
       CHECK(std::find(recomputed.begin(), recomputed.end(), "drop") == recomputed.end());
     }
@@ -424,12 +427,12 @@ TEST_CASE("min-cut rejects bad arguments", "[mincut][errors]") {
   CHECK_THROWS_AS(solve_min_cut(g, tags, gpu(-1)), std::invalid_argument);
   CHECK_THROWS_AS(solve_min_cut(g, tags, gpu(NAN)), std::invalid_argument);
   MinCutOptions zero = gpu(1);
-  zero.hardware.memory_bandwidth = 0;
+  zero.cost.hardware.memory_bandwidth = 0;
   CHECK_THROWS_AS(solve_min_cut(g, tags, zero), std::invalid_argument);
   ParetoOptions backwards;
   backwards.lambda_min = 10;
   backwards.lambda_max = 1;
-  CHECK_THROWS_AS(pareto_frontier(g, tags, gpu(1), backwards), std::invalid_argument);
+  CHECK_THROWS_AS(pareto(g, tags, gpu(1), backwards), std::invalid_argument);
 }
 
 namespace {
@@ -526,7 +529,7 @@ struct Model {
       no_save[i] = tags[i] == Policy::MustRecompute || (!no_recompute[i] && node.view);
       bytes[i] = node.symint ? 1.0 : static_cast<double>(node.output_bytes());
       if (tags[i] == Policy::PreferRecompute) bytes[i] *= options.prefer_recompute_factor;
-      seconds[i] = recompute_seconds(g, static_cast<std::int32_t>(i), options.hardware);
+      seconds[i] = recompute_seconds(g, static_cast<std::int32_t>(i), options.cost);
       if (tags[i] == Policy::PreferSave) seconds[i] *= options.prefer_save_factor;
     }
   }
@@ -655,10 +658,10 @@ TEST_CASE("random DAGs: the cut obeys every rule and matches brute force", "[min
     // The frontier holds the optimum for every lambda in its range.
     if (round % 5 == 0) {
       MinCutOptions neutral = gpu(1.0);
-      ParetoOptions pareto;
-      pareto.lambda_min = 1e6;
-      pareto.lambda_max = 1e14;
-      ParetoResult frontier = pareto_frontier(g, rc.tags, neutral, pareto);
+      ParetoOptions sweep;
+      sweep.lambda_min = 1e6;
+      sweep.lambda_max = 1e14;
+      ParetoResult frontier = pareto(g, rc.tags, neutral, sweep);
       CHECK(frontier.complete);
       for (double lambda : {1e6, 3e7, 1e9, 2e10, 7e10, 4e11, 1e13, 1e14}) {
         neutral.lambda = lambda;
@@ -773,10 +776,124 @@ TEST_CASE("1M-node layered graph timing", "[.bench]") {
                 << ", max flow " << r.stats.max_flow << "\n";
     }
   }
-  ParetoOptions pareto;
-  pareto.max_solves = 16;
-  ParetoResult frontier = pareto_frontier(g, tags, gpu(1e10), pareto);
+  ParetoOptions sweep;
+  sweep.max_solves = 16;
+  ParetoResult frontier = pareto(g, tags, gpu(1e10), sweep);
   std::cout << "pareto: " << frontier.points.size() << " points from " << frontier.solves << " solves in "
             << frontier.solve_seconds << " s (complete: " << frontier.complete << ")\n";
   SUCCEED();
+}
+
+namespace {
+
+// Edmonds-Karp over a DIMACS max-flow text: an independent check that the
+// exported network carries the flow the core reports.
+std::int64_t dimacs_max_flow(const std::string& text, std::size_t& vertices, std::size_t& arcs, std::int64_t& reported) {
+  std::istringstream in(text);
+  std::string line;
+  std::size_t n = 0, source = 0, sink = 0;
+  std::vector<std::map<std::size_t, std::int64_t>> cap;
+  arcs = 0;
+  reported = -1;
+  while (std::getline(in, line)) {
+    std::istringstream words(line);
+    std::string kind;
+    words >> kind;
+    if (kind == "p") {
+      std::string max;
+      std::size_t m = 0;
+      words >> max >> n >> m;
+      cap.assign(n + 1, {});
+      vertices = n;
+    } else if (kind == "n") {
+      std::size_t v = 0;
+      std::string role;
+      words >> v >> role;
+      (role == "s" ? source : sink) = v;
+    } else if (kind == "a") {
+      std::size_t u = 0, v = 0;
+      std::int64_t c = 0;
+      words >> u >> v >> c;
+      cap[u][v] += c;
+      cap[v][u] += 0;  // the reverse residual arc
+      ++arcs;
+    } else if (kind == "c") {
+      std::string what;
+      words >> what;
+      if (what == "max_flow") words >> reported;
+    }
+  }
+  std::int64_t flow = 0;
+  while (true) {
+    std::vector<std::size_t> parent(n + 1, 0);
+    std::vector<char> seen(n + 1, 0);
+    std::vector<std::size_t> queue{source};
+    seen[source] = 1;
+    for (std::size_t head = 0; head < queue.size() && !seen[sink]; ++head)
+      for (auto& [v, c] : cap[queue[head]])
+        if (c > 0 && !seen[v]) {
+          seen[v] = 1;
+          parent[v] = queue[head];
+          queue.push_back(v);
+        }
+    if (!seen[sink]) return flow;
+    std::int64_t push = std::numeric_limits<std::int64_t>::max();
+    for (std::size_t v = sink; v != source; v = parent[v]) push = std::min(push, cap[parent[v]][v]);
+    for (std::size_t v = sink; v != source; v = parent[v]) {
+      cap[parent[v]][v] -= push;
+      cap[v][parent[v]] += push;
+    }
+    flow += push;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("flow_network exports the solved network; its flow is the brute-force cut", "[mincut][flow_network]") {
+  std::mt19937 rng(77);
+  int checked = 0;
+  for (int round = 0; round < 60; ++round) {
+    RandomCase rc = random_case(rng, 5 + round % 6, 4);
+    Graph g = rc.net.graph();
+    MinCutOptions options = gpu(round % 2 ? 1e10 : 3e11);
+    Model model(g, rc.tags, options);
+    std::vector<std::size_t> choosable;
+    for (std::size_t i = 0; i < g.nodes.size(); ++i)
+      if (model.network(static_cast<std::int32_t>(i)) && !model.no_recompute[i]) choosable.push_back(i);
+    double best = -1;
+    std::vector<char> recompute(g.nodes.size(), 0);
+    for (std::uint32_t mask = 0; mask < (1u << choosable.size()); ++mask) {
+      for (std::size_t k = 0; k < choosable.size(); ++k) recompute[choosable[k]] = (mask >> k) & 1u;
+      double c = model.cost(recompute);
+      if (c >= 0 && (best < 0 || c < best)) best = c;
+    }
+    if (best < 0) {
+      CHECK_THROWS_AS(flow_network(g, rc.tags, options), MinCutError);
+      continue;
+    }
+    INFO("round " << round);
+    FlowNetwork net = flow_network(g, rc.tags, options);
+    MinCutResult cut = solve_min_cut(g, rc.tags, options);
+    CHECK(net.max_flow == cut.stats.max_flow);
+    CHECK(net.vertices == cut.stats.network_vertices);
+    CHECK(net.arcs == cut.stats.network_edges);
+    // The flow value in bytes is the brute-force optimum (integer rounding per arc aside).
+    CHECK(static_cast<double>(net.max_flow) * net.capacity_unit ==
+          Approx(best).epsilon(1e-9).margin(static_cast<double>(net.arcs) + 1.0));
+    std::size_t vertices = 0, arcs = 0;
+    std::int64_t reported = -1;
+    CHECK(dimacs_max_flow(net.dimacs, vertices, arcs, reported) == net.max_flow);
+    CHECK(reported == net.max_flow);
+    CHECK(vertices == net.vertices);
+    CHECK(arcs == net.arcs);
+    CHECK(net.dimacs.find("n 1 s\n") != std::string::npos);
+    CHECK(net.dimacs.find("n 2 t\n") != std::string::npos);
+    // Every candidate node names the vertices of both its sides.
+    for (std::size_t i = 0; i < g.nodes.size(); ++i)
+      if (model.network(static_cast<std::int32_t>(i)) && net.vertices > 2 &&
+          net.dimacs.find(" " + g.nodes[i].name + " in\n") != std::string::npos)
+        CHECK(net.dimacs.find(" " + g.nodes[i].name + " out\n") != std::string::npos);
+    ++checked;
+  }
+  CHECK(checked >= 20);
 }

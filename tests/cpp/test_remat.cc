@@ -60,7 +60,7 @@ TEST_CASE("duplicates go in front of the earliest backward consumer, in forward 
   PlanOptions o;
   o.config = parse_config(kFull);
   o.op_policy = parse_op_policy(kTable);
-  auto r = make_plan(g, o);
+  auto r = plan(g, o);
   const RematPlan& plan = r.remat;
   std::vector<std::string> dup_names;
   for (const auto& d : plan.duplicates) dup_names.push_back(g.nodes[static_cast<std::size_t>(d.of)].name);
@@ -152,9 +152,9 @@ TEST_CASE("a second run over a rewritten graph duplicates nothing", "[remat]") {
   PlanOptions o;
   o.config = parse_config(kFull);
   o.op_policy = parse_op_policy(kTable);
-  auto r = make_plan(b.graph(), o);
+  auto r = plan(b.graph(), o);
   CHECK(r.remat.duplicates.empty());
-  for (const auto& d : r.diagnostics) CHECK(d.level != "warning");  // no "recomputed nothing" warning
+  for (const auto& d : r.diagnostics) CHECK(d.severity != Severity::Warning);  // no "recomputed nothing" warning
 }
 
 TEST_CASE("a scope that recomputes nothing warns, naming the scope", "[remat]") {
@@ -165,9 +165,9 @@ TEST_CASE("a scope that recomputes nothing warns, naming the scope", "[remat]") 
   PlanOptions o;
   o.config = parse_config(kSelective);
   o.op_policy = parse_op_policy(kTable);
-  auto r = make_plan(b.graph(), o);
+  auto r = plan(b.graph(), o);
   REQUIRE_FALSE(r.diagnostics.empty());
-  CHECK(r.diagnostics.back().level == "warning");
+  CHECK(r.diagnostics.back().severity == Severity::Warning);
   CHECK(r.diagnostics.back().message.find("[layers.0]") != std::string::npos);
 }
 

@@ -67,8 +67,9 @@ TEST_CASE("layer selection", "[scope]") {
   o.layer_count = 0;
   Scope none = resolve_scope(g, o);
   CHECK(none.regions.empty());
-  REQUIRE(none.notes.size() == 1);
-  CHECK(none.notes[0].find("zero layers") != std::string::npos);
+  REQUIRE(none.diagnostics.size() == 1);
+  CHECK(none.diagnostics[0].severity == Severity::Info);
+  CHECK(none.diagnostics[0].message.find("zero layers") != std::string::npos);
   o.layer_count = 3;
   CHECK_THROWS_WITH(resolve_scope(g, o), Catch::Contains("exceeds the 2 units"));
   o.layer_count.reset();
@@ -101,4 +102,138 @@ TEST_CASE("regions and exclusions from patterns", "[scope]") {
   Scope ex = resolve_scope(g, o);
   CHECK(ex.node_excluded[3]);  // mm0
   CHECK_FALSE(ex.node_excluded[5]);
+}
+
+namespace {
+
+using nlohmann::json;
+
+std::vector<std::string> fqns_of(const std::vector<ModuleFrame>& units) {
+  std::vector<std::string> out;
+  for (const auto& unit : units) out.push_back(unit.fqn);
+  return out;
+}
+
+// A graph with only a `model` section (no nodes): discovery from facts alone.
+Graph facts_only(json section) {
+  GraphBuilder b;
+  b.model_section(std::move(section));
+  return b.graph();
+}
+
+json module(const std::string& fqn, const std::string& type, json extra = json::object()) {
+  json entry = {{"fqn", fqn}, {"type", type}};
+  for (auto& [key, value] : extra.items()) entry[key] = value;
+  return entry;
+}
+
+const json kContainer = {{"container", true}};
+const json kMarked = {{"marked", true}};
+
+}  // namespace
+
+TEST_CASE("marker rule: children of the marked module's containers are the units", "[scope][units]") {
+  json section = {{"type", "Decoder"}, {"marked", true}, {"modules", json::array({
+      module("embed", "Embedding"),
+      module("layers", "ModuleList", kContainer),
+      module("layers.0", "Block"), module("layers.0.fc", "Linear"),
+      module("layers.1", "Block"), module("layers.1.fc", "Linear"),
+      module("norm", "LayerNorm"),
+  })}};
+  Graph g = facts_only(section);
+  CHECK(fqns_of(units_from_model(g.model)) == std::vector<std::string>{"layers.0", "layers.1"});
+  auto found = discover_units(g);
+  CHECK(found.from_model);
+  CHECK(found.units[1].type == "Block");
+
+  SECTION("no marker: no unit from the model, the stack rule applies") {
+    section.erase("marked");
+    Graph unmarked = facts_only(section);
+    CHECK(units_from_model(unmarked.model).empty());
+    CHECK_FALSE(discover_units(unmarked).from_model);
+  }
+  SECTION("an empty container gives nothing") {
+    section["modules"] = json::array({module("layers", "ModuleList", kContainer), module("norm", "LayerNorm")});
+    CHECK(units_from_model(facts_only(section).model).empty());
+  }
+}
+
+TEST_CASE("marker rule: BERT-depth search, identity dedup, nothing inside a unit", "[scope][units]") {
+  SECTION("layers one level deeper (BertModel's encoder.layer)") {
+    json section = {{"type", "BertForMaskedLM"}, {"marked", true}, {"modules", json::array({
+        module("bert", "BertModel", kMarked),
+        module("bert.embeddings", "BertEmbeddings"),
+        module("bert.encoder", "BertEncoder"),
+        module("bert.encoder.layer", "ModuleList", kContainer),
+        module("bert.encoder.layer.0", "BertLayer"),
+        module("bert.encoder.layer.0.attention", "BertAttention"),
+        module("bert.encoder.layer.1", "BertLayer"),
+        module("cls", "BertOnlyMLMHead"),
+    })}};
+    CHECK(fqns_of(units_from_model(facts_only(section).model)) ==
+          std::vector<std::string>{"bert.encoder.layer.0", "bert.encoder.layer.1"});
+  }
+  SECTION("the rule details of hyper_ac.serialize's old discover_units") {
+    // Net: layers = [Block, shared, MoEBlock(marked; mlp.experts = [Block, Block])],
+    // extra = {enc: Block, dec: shared}, empty = [], head = Sequential(Linear).
+    json section = {{"type", "Net"}, {"marked", true}, {"modules", json::array({
+        module("layers", "ModuleList", kContainer),
+        module("layers.0", "Block"), module("layers.0.lin", "Linear"),
+        module("layers.1", "Block"), module("layers.1.lin", "Linear"),
+        module("layers.2", "MoEBlock", kMarked), module("layers.2.mlp", "Module"),
+        module("layers.2.mlp.experts", "ModuleList", kContainer),
+        module("layers.2.mlp.experts.0", "Block"), module("layers.2.mlp.experts.0.lin", "Linear"),
+        module("layers.2.mlp.experts.1", "Block"), module("layers.2.mlp.experts.1.lin", "Linear"),
+        module("extra", "ModuleDict", kContainer),
+        module("extra.enc", "Block"), module("extra.enc.lin", "Linear"),
+        module("extra.dec", "Block", {{"same_as", "layers.1"}}),
+        module("extra.dec.lin", "Linear", {{"same_as", "layers.1.lin"}}),
+        module("empty", "ModuleList", kContainer),
+        module("head", "Sequential", kContainer), module("head.0", "Linear"),
+    })}};
+    Graph g = facts_only(section);
+    // flattened in discovery order; ModuleDict keys kept; the shared module
+    // once; the marked MoE layer's experts lie inside a unit, so are not units
+    CHECK(fqns_of(units_from_model(g.model)) ==
+          std::vector<std::string>{"layers.0", "layers.1", "layers.2", "extra.enc", "head.0"});
+  }
+  SECTION("a shared block listed twice in one container counts once") {
+    json section = {{"type", "Net"}, {"marked", true}, {"modules", json::array({
+        module("layers", "ModuleList", kContainer),
+        module("layers.0", "Block"),
+        module("layers.1", "Block", {{"same_as", "layers.0"}}),
+        module("layers.2", "Block"),
+    })}};
+    CHECK(fqns_of(units_from_model(facts_only(section).model)) == std::vector<std::string>{"layers.0", "layers.2"});
+  }
+}
+
+TEST_CASE("model facts: loading checks the module list and rejects the old unit list", "[scope][units][graph]") {
+  json old = {{"type", "Net"}, {"modules", json::array()}, {"units", json::array({module("layers.0", "Block")})}};
+  CHECK_THROWS_WITH(facts_only(old), Catch::Contains("'units'") && Catch::Contains("re-serialise"));
+  json forward = {{"type", "Net"}, {"modules", json::array({module("a", "A", {{"same_as", "b"}}), module("b", "A")})}};
+  CHECK_THROWS_WITH(facts_only(forward), Catch::Contains("not listed before"));
+  json unknown = {{"type", "Net"}, {"modules", json::array({module("a", "A", {{"shared", true}})})}};
+  CHECK_THROWS_WITH(facts_only(unknown), Catch::Contains("unknown field 'shared'"));
+}
+
+TEST_CASE("region patterns match over the first listings of the live modules", "[scope][units]") {
+  GraphBuilder b;
+  b.placeholder("x")
+      .op("a", "aten::relu.default", {"x"}, "layers.0.mlp")
+      .op("c", "aten::relu.default", {"a"}, "layers.1.mlp")
+      .output({"c"});
+  b.model_section({{"type", "Net"}, {"marked", true}, {"modules", json::array({
+      module("layers", "ModuleList", kContainer),
+      module("layers.0", "Block"), module("layers.0.mlp", "MLP"),
+      module("layers.1", "Block"), module("layers.1.mlp", "MLP"),
+      module("alias", "MLP", {{"same_as", "layers.0.mlp"}}),
+  })}});
+  ScopeOptions options;
+  options.include = {"*mlp"};
+  Scope s = resolve_scope(b.graph(), options);
+  CHECK(s.units_from_model);
+  CHECK(s.regions == std::vector<std::string>{"layers.0.mlp", "layers.1.mlp"});
+  options.exclude = {"alias"};
+  CHECK_THROWS_WITH(resolve_scope(b.graph(), options), Catch::Contains("exclude pattern 'alias' matches no module"));
 }

@@ -14,6 +14,13 @@ namespace {
 
 using Bytes = std::vector<std::int64_t>;
 
+// The timeline is off by default; these tests read it.
+SimulateOptions timeline() {
+  SimulateOptions options;
+  options.record_timeline = true;
+  return options;
+}
+
 class Net {
  public:
   void placeholder(const std::string& name, std::int64_t bytes, Role role, Phase phase = Phase::Forward) {
@@ -80,7 +87,7 @@ TEST_CASE("simulates a plain chain exactly", "[simulate]") {
   net.op("g", {"t", "a"}, 40, Phase::Backward);
   net.output({"c", "g"});
   Graph g = net.graph();
-  SimulateResult r = simulate_memory(g, nullptr);
+  SimulateResult r = simulate_memory(g, nullptr, timeline());
   CHECK(r.resident_bytes == 155);
   CHECK(r.timeline == Bytes{0, 0, 10, 30, 60, 40, 80, 70});
   CHECK(r.peak_bytes == 80);
@@ -109,7 +116,7 @@ TEST_CASE("views and in-place results share their base's storage", "[simulate]")
   net.op("g", {"v"}, 8, Phase::Backward);  // reads the view: a's storage lives until here
   net.output({"e", "g"});
   Graph g = net.graph();
-  SimulateResult r = simulate_memory(g, nullptr);
+  SimulateResult r = simulate_memory(g, nullptr, timeline());
   CHECK(r.timeline == Bytes{0, 64, 64, 96, 96, 80, 88, 24});
   CHECK(r.peak_bytes == 96);
   CHECK(r.peak_step == 3);
@@ -132,7 +139,7 @@ TEST_CASE("aliases of parameters stay resident; unread values die at once", "[si
   net.op("m", {"x", "wt"}, 12);
   net.output({"m"});
   Graph g = net.graph();
-  SimulateResult r = simulate_memory(g, nullptr);
+  SimulateResult r = simulate_memory(g, nullptr, timeline());
   CHECK(r.resident_bytes == 78);
   CHECK(r.timeline == Bytes{0, 0, 0, 0, 0, 1000, 12, 12});
   CHECK(r.peak_bytes == 1000);
@@ -154,7 +161,7 @@ TEST_CASE("getitems take their element over from a multi-output producer and are
   net.op("w", {"g1", "u"}, 7);
   net.output({"w"});
   Graph g = net.graph();
-  SimulateResult r = simulate_memory(g, nullptr);
+  SimulateResult r = simulate_memory(g, nullptr, timeline());
   // g0's 60 bytes are freed once u has read them, before w runs (as the
   // allocator frees each tensor of a tuple on its own).
   CHECK(r.timeline == Bytes{0, 100, 100, 100, 105, 52, 7});
@@ -184,7 +191,7 @@ Net chain_net() {
 TEST_CASE("a remat plan lowers the bytes held across the boundary", "[simulate]") {
   Net net = chain_net();
   Graph g = net.graph();
-  SimulateResult before = simulate_memory(g, nullptr);
+  SimulateResult before = simulate_memory(g, nullptr, timeline());
   CHECK(before.timeline == Bytes{0, 1000, 2000, 3000, 3004, 3004, 3020, 2036, 1036, 20});
   CHECK(before.boundary_bytes == 3004);
   CHECK(before.peak_bytes == 3020);
@@ -196,7 +203,7 @@ TEST_CASE("a remat plan lowers the bytes held across the boundary", "[simulate]"
   policies[static_cast<std::size_t>(net.at("loss"))] = Policy::PreferSave;
   RematPlan plan = plan_remat(g, policies);
   REQUIRE(plan.duplicates.size() == 2);
-  SimulateResult after = simulate_memory(g, &plan);
+  SimulateResult after = simulate_memory(g, &plan, timeline());
   // x a b c loss t b' c' g1 g2 g3 output
   CHECK(after.timeline == Bytes{0, 1000, 2000, 3000, 2004, 1004, 2004, 3004, 3020, 2036, 1036, 20});
   CHECK(after.boundary_bytes == 1004);  // a and loss
@@ -206,15 +213,13 @@ TEST_CASE("a remat plan lowers the bytes held across the boundary", "[simulate]"
   CHECK(after.stats.steps == 12);
 
   SECTION("deterministic") {
-    SimulateResult again = simulate_memory(g, &plan);
+    SimulateResult again = simulate_memory(g, &plan, timeline());
     CHECK(again.timeline == after.timeline);
     CHECK(again.peak_step == after.peak_step);
     CHECK(again.boundary_bytes == after.boundary_bytes);
   }
-  SECTION("timeline is optional") {
-    SimulateOptions options;
-    options.record_timeline = false;
-    SimulateResult quiet = simulate_memory(g, &plan, options);
+  SECTION("timeline is off by default") {
+    SimulateResult quiet = simulate_memory(g, &plan);
     CHECK(quiet.timeline.empty());
     CHECK(quiet.peak_bytes == after.peak_bytes);
   }
@@ -226,7 +231,7 @@ TEST_CASE("a schedule that reads a value before it exists is rejected", "[simula
   RematPlan plan;
   plan.duplicates.push_back({net.at("c"), net.at("a")});  // c's copy before a: reads b, not yet computed
   try {
-    simulate_memory(g, &plan);
+    simulate_memory(g, &plan, timeline());
     FAIL("expected std::invalid_argument");
   } catch (const std::invalid_argument& error) {
     std::string message = error.what();

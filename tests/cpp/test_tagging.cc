@@ -15,7 +15,7 @@ PlanResult run(const GraphBuilder& b, const std::string& config) {
   PlanOptions options;
   options.config = parse_config(config);
   options.op_policy = parse_op_policy(kTable);
-  return make_plan(b.graph(), options);
+  return plan(b.graph(), options);
 }
 
 std::map<std::string, std::string> policies(const GraphBuilder& b, const PlanResult& r) {

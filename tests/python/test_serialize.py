@@ -13,7 +13,7 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from hyper_ac import capture, models, op_facts
+from hyper_ac import _core, capture, models, op_facts, serialize
 from hyper_ac.serialize import discover_units, serialize_graph, to_json
 
 # --------------------------------------------------------------------------
@@ -86,11 +86,13 @@ def check_doc(doc: dict) -> None:
     if "model" in doc:
         model = doc["model"]
         assert isinstance(model["type"], str)
-        for key in ("modules", "units"):
-            for frame in model[key]:
-                assert set(frame) == {"fqn", "type"} and frame["fqn"]
-        fqns = {m["fqn"] for m in model["modules"]}
-        assert all(u["fqn"] in fqns for u in model["units"])
+        assert set(model) <= {"type", "marked", "modules"} and model.get("marked", True) is True
+        listed = set()
+        for frame in model["modules"]:
+            assert {"fqn", "type"} <= set(frame) <= {"fqn", "type", "container", "marked", "same_as"} and frame["fqn"]
+            assert all(frame[flag] is True for flag in ("container", "marked") if flag in frame)  # compact: only true
+            assert "same_as" not in frame or frame["same_as"] in listed
+            listed.add(frame["fqn"])
 
 
 def by_name(doc: dict) -> dict[str, dict]:
@@ -147,8 +149,13 @@ def test_roles_and_model_section(any_model):
     assert sum(1 for r in roles.values() if r == "tangent") == 1
     section = doc["model"]
     assert section["type"] == type(model).__name__
-    assert [m["fqn"] for m in section["modules"]] == [f for f, _ in model.named_modules() if f]
-    assert [u["fqn"] for u in section["units"]] == [f for f, _ in discover_units(model)]
+    assert [m["fqn"] for m in section["modules"]] == [f for f, _ in model.named_modules(remove_duplicate=False) if f]
+    assert [m["fqn"] for m in section["modules"] if "same_as" not in m] == [f for f, _ in model.named_modules() if f]
+    assert section.get("marked", False) == hasattr(model, "gradient_checkpointing")
+    # with the marker, the core's units for the whole graph are the ones its marker rule finds in these facts
+    from_facts = [f for f, _ in discover_units(model)]
+    if from_facts:
+        assert _core.discover_units(json.dumps(doc)) == from_facts
 
 
 def test_flops_of_matmuls_are_2mnk(captured):

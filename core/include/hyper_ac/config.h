@@ -6,6 +6,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "hyper_ac/scope.h"
@@ -41,6 +42,18 @@ struct HardwareProfile {
   double memory_bandwidth = 2.0e10;   // bytes/s
 };
 
+// The `budget` mode target. A number in (0, 1] is a fraction of the
+// all-saved activation bytes; a larger number or a size string ("6GiB") is bytes.
+struct BudgetFraction {
+  double fraction = 0.0;  // 0 < fraction <= 1
+};
+struct BudgetBytes {
+  double bytes = 0.0;  // > 0
+};
+// std::monostate = no budget (every mode but `budget`).
+using MemoryBudget = std::variant<std::monostate, BudgetFraction, BudgetBytes>;
+bool has_budget(const MemoryBudget& budget);
+
 struct MinCutConfig {
   // Weight of recompute time against saved bytes: the cut minimises
   // saved bytes + lambda * recompute seconds. Unset = memory_bandwidth / 4 of
@@ -50,9 +63,8 @@ struct MinCutConfig {
   // bandwidth (see docs/config.md).
   std::optional<double> lambda;
   HardwareProfile hardware;
-  // `budget` mode: bytes (> 1) or a fraction of all-saved activation bytes (0 < f <= 1).
-  std::optional<double> memory_budget;
-  bool memory_budget_is_fraction = false;
+  // `budget` mode only: the simulated-peak target (see MemoryBudget).
+  MemoryBudget memory_budget;
 };
 
 // The lambda in force: the configured one, else memory_bandwidth / 4.

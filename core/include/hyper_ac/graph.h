@@ -71,12 +71,23 @@ struct Node {
   bool is_backward() const { return phase == Phase::Backward; }
 };
 
-// Facts only the live nn.Module can tell (optional in the JSON).
+// One submodule of the live model, as named_modules(remove_duplicate=False)
+// lists it (the root excluded).
+struct ModuleFact {
+  std::string fqn;
+  std::string type;
+  bool container = false;  // a ModuleList / ModuleDict / Sequential
+  bool marked = false;     // carries a `gradient_checkpointing` attribute (the HuggingFace marker)
+  std::string same_as;     // FQN of the first listing of the same module object; "" = this is the first
+};
+
+// Facts only the live nn.Module can tell (optional in the JSON): its module
+// tree. Unit discovery (scope.h) applies its rule to these facts.
 struct ModelFacts {
   bool present = false;
   std::string type;
-  std::vector<ModuleFrame> modules;  // every named submodule
-  std::vector<ModuleFrame> units;    // flattened repeated blocks, discovery order
+  bool marked = false;               // the root module carries the marker
+  std::vector<ModuleFact> modules;   // named_modules(remove_duplicate=False) order, root excluded
 };
 
 struct Graph {
@@ -141,11 +152,6 @@ struct GraphSummary {
 
 GraphSummary summarize(const Graph& graph);
 
-// For every node, the node whose output storage it shares: itself, or for a
-// view / in-place result / getitem, the root of the input it aliases (the
-// first aliased input; a view without positions aliases input 0). Values that
-// share a root occupy memory once.
-std::vector<std::int32_t> storage_roots(const Graph& graph);
 std::string format_summary(const GraphSummary& summary);
 
 // Human-readable byte count ("1.5 MiB").

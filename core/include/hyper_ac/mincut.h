@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "hyper_ac/config.h"
+#include "hyper_ac/cost.h"
+#include "hyper_ac/diagnostic.h"
 #include "hyper_ac/graph.h"
 
 namespace hyper_ac {
@@ -27,12 +29,11 @@ const char* to_string(MaxFlowAlgorithm algorithm);
 
 struct MinCutOptions {
   // Bytes per second of recompute time: objective = saved bytes + lambda *
-  // recompute seconds. make_plan passes effective_lambda(config) (memory
+  // recompute seconds. plan() passes effective_lambda(config) (memory
   // bandwidth / 4 unless configured); 1e10 for options built by hand.
   double lambda = 1.0e10;
-  // Roofline for recompute time: max(flops / peak_flops, bytes_moved /
-  // memory_bandwidth), bytes_moved = output bytes + bytes of every input read.
-  HardwareProfile hardware;
+  // The recompute cost model (cost.h): roofline seconds per replayed node.
+  CostOptions cost;
   // Max-flow solver. Both give the same cut (the minimal source side is
   // unique); Boykov-Kolmogorov was faster on every graph measured (docs/mincut.md).
   MaxFlowAlgorithm algorithm = MaxFlowAlgorithm::BoykovKolmogorov;
@@ -79,7 +80,7 @@ struct MinCutResult {
   double lambda = 0.0;                   // the lambda solved for
   MinCutStats stats;                     // deterministic
   double solve_seconds = 0.0;            // wall time of the whole call (not deterministic)
-  std::vector<std::string> diagnostics;  // human-readable notes, deterministic
+  std::vector<Diagnostic> diagnostics;   // deterministic
 };
 
 // `tags` comes from tag_policies (sized like graph.nodes): None = not eligible
@@ -101,20 +102,12 @@ struct ParetoOptions {
   std::size_t max_solves = 64;
 };
 
-struct ParetoPoint {
-  double lambda = 0.0;            // a lambda at which this cut is optimal
-  std::int64_t saved_bytes = 0;
-  double recompute_seconds = 0.0;
-  double recompute_flops = 0.0;
-  std::vector<Policy> policies;   // as MinCutResult::policies
-  std::vector<std::int32_t> saved;
-  std::vector<std::int32_t> recomputed;
-};
-
 struct ParetoResult {
   // Distinct optimal cuts, sorted by lambda descending: recompute seconds
   // ascending, saved bytes descending (the first point recomputes least).
-  std::vector<ParetoPoint> points;
+  // Each point is one cut, as solve_min_cut returns it at that point's lambda
+  // (solve_seconds 0: the sweep's wall time is ParetoResult::solve_seconds).
+  std::vector<MinCutResult> points;
   std::size_t solves = 0;      // max-flow solves made
   bool complete = true;        // false when max_solves stopped the search early
   double solve_seconds = 0.0;  // wall time (not deterministic)
@@ -123,14 +116,29 @@ struct ParetoResult {
 // Every distinct optimal cut for lambda in [lambda_min, lambda_max] (Eisner-
 // Severance breakpoint search: solve at both ends, then at the lambda where the
 // two cuts' objectives cross, breadth first). For a memory budget, walk the
-// points in order and take the first whose simulated peak fits (plan_remat +
-// simulate_memory): the least recompute that meets the budget. Throws as
+// points in order and take the first whose simulated peak fits (evaluate()
+// in plan.h): the least recompute that meets the budget. Throws as
 // solve_min_cut, and std::invalid_argument on a bad range.
-ParetoResult pareto_frontier(const Graph& graph, const std::vector<Policy>& tags, const MinCutOptions& options = {},
-                             const ParetoOptions& pareto = {});
+ParetoResult pareto(const Graph& graph, const std::vector<Policy>& tags, const MinCutOptions& options = {},
+                    const ParetoOptions& sweep = {});
 
-// Roofline recompute time of one execution of `node` (0 for views, getitem,
-// SymInts and non-call nodes).
-double recompute_seconds(const Graph& graph, std::int32_t node, const HardwareProfile& hardware);
+// The exact s-t network solve_min_cut builds for options.lambda, with the
+// integer capacities its max-flow solver uses, as DIMACS max-flow text
+// (docs/mincut.md): "p max N M", "n 1 s", "n 2 t", one "a U V CAP" per arc
+// (vertices numbered from 1), "c vertex V NAME in|out" for each candidate
+// node's two sides (merged sides name the shared vertex, 1 = source,
+// 2 = sink), and "c max_flow F" with the flow the core's solver finds.
+struct FlowNetwork {
+  std::string dimacs;
+  std::size_t vertices = 0;            // source and sink included
+  std::size_t arcs = 0;                // forward arcs
+  std::int64_t max_flow = 0;           // in capacity units
+  std::int64_t infinite_capacity = 0;  // what an infinite arc is written with: sum of finite capacities + 1
+  double capacity_unit = 1.0;          // bytes per capacity unit
+  double lambda = 0.0;
+};
+
+// Throws as solve_min_cut.
+FlowNetwork flow_network(const Graph& graph, const std::vector<Policy>& tags, const MinCutOptions& options = {});
 
 }  // namespace hyper_ac

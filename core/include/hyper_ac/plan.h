@@ -6,17 +6,15 @@
 #include <vector>
 
 #include "hyper_ac/config.h"
+#include "hyper_ac/cost.h"
+#include "hyper_ac/diagnostic.h"
 #include "hyper_ac/graph.h"
+#include "hyper_ac/mincut.h"
 #include "hyper_ac/remat.h"
 #include "hyper_ac/scope.h"
 #include "hyper_ac/tagging.h"
 
 namespace hyper_ac {
-
-struct Diagnostic {
-  std::string level;    // "info" or "warning"
-  std::string message;
-};
 
 struct PlanOptions {
   // The validated pass config (mode, scope, min-cut settings).
@@ -53,7 +51,7 @@ struct PlanTimings {
   double mincut_seconds = 0.0;    // max-flow solves (auto: one; budget: the frontier)
   double remat_seconds = 0.0;
   double simulate_seconds = 0.0;
-  double total_seconds = 0.0;      // make_plan, end to end
+  double total_seconds = 0.0;      // plan(), end to end
   double load_seconds = 0.0;       // JSON parse + validation, filled by the caller that loaded the graph
 };
 
@@ -72,38 +70,54 @@ struct PlanResult {
 // Throws ConfigError.
 PlanOptions parse_plan_options(const std::string& config_json, const std::string& op_policy_json);
 
+// Every stage's options, built from a Config in one place.
+struct StageOptions {
+  ScopeOptions scope;    // the config's scope with the model adapter's regions applied
+  TagOptions tag;        // mode, effective operator table, save_forward_all_gather
+  MinCutOptions mincut;  // effective lambda, cost model
+  CostOptions cost;      // recompute cost of evaluations (same hardware as the min-cut)
+};
+
+// Throws ConfigError when the config asks for adapter regions no adapter provides.
+StageOptions stage_options(const Config& config, const OpPolicyTable& op_policy);
+
 // Throws GraphError / ConfigError / ScopeError / PlanError.
-PlanResult make_plan(const Graph& graph, const PlanOptions& options);
+PlanResult plan(const Graph& graph, const PlanOptions& options);
 
-// One point of the memory / recompute frontier (min-cut over λ), with the
-// simulated peak of the step rewritten by that cut.
-struct FrontierPoint {
-  double lambda = 0.0;
-  std::int64_t saved_bytes = 0;
-  double recompute_seconds = 0.0;
-  double recompute_flops = 0.0;
+// What a set of per-node policies costs once applied: the one yardstick of a
+// plan, of each frontier point and of a recompute set chosen elsewhere.
+struct Evaluation {
+  double lambda = 0.0;               // the min-cut lambda the policies came from; 0 otherwise
+  RematPlan remat;                   // plan_remat of the policies (remat.policies: with projections pinned)
+  std::int64_t saved_bytes = 0;      // activation storage the rewritten backward reads (remat.stats.saved_bytes_after)
+  double recompute_seconds = 0.0;    // roofline time of remat.duplicates (cost.h)
+  double recompute_flops = 0.0;      // FLOPs of remat.duplicates
   std::size_t nodes_duplicated = 0;
-  std::int64_t simulated_peak_bytes = 0;             // everything resident included
+  std::int64_t simulated_peak_bytes = 0;             // rewritten step, everything resident included
   std::int64_t simulated_activation_peak_bytes = 0;  // activations only
+  // Wall times (not deterministic).
+  double remat_seconds = 0.0;
+  double simulate_seconds = 0.0;
 };
 
-// The frontier under the config's scope and rules (any mode: tags are taken as
-// in `auto`). Least recompute first.
-std::vector<FrontierPoint> plan_frontier(const Graph& graph, const PlanOptions& options);
-std::string frontier_to_json(const std::vector<FrontierPoint>& points);
+// plan_remat + simulate_memory + recompute cost for `policies` (sized like
+// graph.nodes). Throws as plan_remat.
+Evaluation evaluate(const Graph& graph, const std::vector<Policy>& policies, const CostOptions& cost);
 
-// Scores a recompute set chosen elsewhere (e.g. by PyTorch's partitioner) with
-// the same yardsticks as a plan: saved bytes by storage, roofline recompute
-// time, simulated peak. `recomputed` are forward call_function nodes.
-struct RecomputeScore {
-  std::int64_t saved_bytes = 0;
-  double recompute_seconds = 0.0;
-  double recompute_flops = 0.0;
-  std::size_t nodes_duplicated = 0;
-  std::int64_t simulated_peak_bytes = 0;
-};
-RecomputeScore score_recompute_set(const Graph& graph, const std::vector<std::int32_t>& recomputed,
-                                   const HardwareProfile& hardware);
+// The memory / recompute frontier under the config's scope and rules (any
+// mode: tags are taken as in `auto`): one evaluation per distinct min-cut over
+// lambda, least recompute first.
+std::vector<Evaluation> pareto(const Graph& graph, const PlanOptions& options);
+std::string pareto_to_json(const std::vector<Evaluation>& points);
+
+// The s-t network the `auto` min-cut solves for this graph and config (tags as
+// in `auto`, the effective lambda), as DIMACS text (mincut.h).
+FlowNetwork flow_network(const Graph& graph, const PlanOptions& options);
+
+// Evaluates a recompute set chosen elsewhere (e.g. by PyTorch's partitioner)
+// like a plan: `recomputed` are forward call_function nodes, made
+// MUST_RECOMPUTE. Throws std::invalid_argument naming a bad node.
+Evaluation score_recompute_set(const Graph& graph, const std::vector<std::int32_t>& recomputed, const CostOptions& cost);
 
 std::string plan_to_json(const Graph& graph, const PlanResult& result, bool include_timings = false);
 

@@ -38,9 +38,13 @@ struct RematStats {
   std::size_t saved_values_before = 0;
   std::size_t saved_values_after = 0;
   double recompute_flops = 0.0;         // FLOPs of all duplicates
+  std::size_t pinned_projections = 0;   // getitems pin_tuple_projections turned to MUST_SAVE
 };
 
 struct RematPlan {
+  // The policies the plan applies: the requested ones with tuple projections
+  // pinned (pin_tuple_projections), sized like graph.nodes.
+  std::vector<Policy> policies;
   std::vector<Duplicate> duplicates;  // emission order = forward order
   std::vector<Redirect> redirects;
   std::vector<std::int32_t> erase;    // reverse topological order
@@ -53,8 +57,9 @@ struct RematOptions {
   bool validate = true;
 };
 
-// Policies are per node (sized like graph.nodes). Forward nodes whose policy
-// is_recompute() are duplicated when some backward node reads them (directly
+// Policies are per node (sized like graph.nodes); plan_remat first pins tuple
+// projections (pin_tuple_projections) on its own copy, kept in
+// RematPlan::policies. Forward nodes whose policy is_recompute() are duplicated when some backward node reads them (directly
 // or through other recomputed nodes). Duplicates of an earlier pass are never
 // duplicated again.
 RematPlan plan_remat(const Graph& graph, const std::vector<Policy>& policies,
@@ -63,6 +68,7 @@ RematPlan plan_remat(const Graph& graph, const std::vector<Policy>& policies,
 // A tuple never crosses from forward to backward on its own, only its getitem
 // projections do: a projection whose producer is not recomputed is therefore
 // saved (MUST_SAVE), never recomputed from the tuple. Returns how many changed.
+// plan_remat applies it itself; callers need not.
 std::size_t pin_tuple_projections(const Graph& graph, std::vector<Policy>& policies);
 
 // Throws PlanError when a duplicate or redirected consumer would read a value

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "hyper_ac/diagnostic.h"
 #include "hyper_ac/graph.h"
 
 namespace hyper_ac {
@@ -51,8 +52,35 @@ struct Scope {
   std::vector<std::int32_t> node_unit;
   std::vector<bool> node_excluded;
   bool units_from_model = false;  // live-model facts vs module-stack discovery
-  std::vector<std::string> notes; // log lines (e.g. "layer selection matched zero layers")
+  std::vector<Diagnostic> diagnostics;  // e.g. "layer selection matched zero layers"
 };
+
+// The units of a graph and which rule found them.
+struct UnitDiscovery {
+  std::vector<ModuleFrame> units;  // flattened, discovery order
+  bool from_model = false;         // the live-model marker rule (else the module-stack rule)
+};
+
+// Marker rule, over the live model's module tree (graph.model): for every
+// module carrying the `gradient_checkpointing` marker (the root first, then
+// the modules in listing order, each object once), each direct child of each
+// of its non-empty container children (ModuleList / ModuleDict / Sequential)
+// is a unit, flattened in discovery order and deduplicated by identity
+// (`same_as`). A marked module where this finds no container is searched
+// further down, through non-container children (8 levels), for the first
+// containers on each path (BertModel's encoder.layer), skipping anything
+// inside a unit already found (a marked decoder layer's expert list is not a
+// list of units). Empty when no module is marked.
+std::vector<ModuleFrame> units_from_model(const ModelFacts& model);
+
+// Module-stack rule, without live-model facts: repeated children of one
+// container with the same type, read off the module stacks, in order of first
+// appearance; nested repeats are left to the outer unit.
+std::vector<ModuleFrame> units_from_stacks(const Graph& graph);
+
+// The marker rule when it finds units, otherwise the module-stack rule. Never
+// throws; empty when neither rule finds any.
+UnitDiscovery discover_units(const Graph& graph);
 
 // Throws ScopeError naming the pattern / FQN / limit at fault.
 Scope resolve_scope(const Graph& graph, const ScopeOptions& options);

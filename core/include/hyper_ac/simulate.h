@@ -13,8 +13,9 @@
 namespace hyper_ac {
 
 struct SimulateOptions {
-  // Fill SimulateResult::timeline (one int64 per schedule step).
-  bool record_timeline = true;
+  // Fill SimulateResult::timeline (one int64 per schedule step); off by
+  // default, since planning needs only the peaks.
+  bool record_timeline = false;
 };
 
 struct SimulateStats {

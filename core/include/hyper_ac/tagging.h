@@ -17,7 +17,8 @@ namespace hyper_ac {
 struct TagOptions {
   // off: no tags; full: every scoped node MUST_RECOMPUTE; selective: the op
   // table; auto/budget: the op table as PREFER_* biases for the min-cut.
-  Mode mode = Mode::Selective;
+  // Off by default, as Config.
+  Mode mode = Mode::Off;
   // Operator categories (configs/op_policy.yaml merged with the config's own).
   OpPolicyTable op_policy;
   // Also pin forward all-gathers to MUST_SAVE (otherwise they follow the mode).

@@ -1,0 +1,33 @@
+// The alias rule, in one place: which inputs a node's output shares storage
+// with. Used by storage accounting (graph summary, remat saved bytes), the
+// min-cut's free-value analysis and the memory simulator.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "hyper_ac/graph.h"
+
+namespace hyper_ac {
+
+// Positions (into node.inputs) of the inputs whose storage a call_function
+// node's output shares: its valid aliased_inputs, else {0} for a view without
+// positions ("a view without positions aliases input 0"); empty = the node
+// allocates its own storage. Always empty for placeholders, get_attr, output.
+std::vector<std::int32_t> alias_positions(const Node& node);
+
+// The node aliases some input (alias_positions is not empty).
+bool is_aliasing(const Node& node);
+
+bool is_getitem(const Node& node);  // operator.getitem (picks a tuple element)
+
+// A view in the saving sense: free to recompute from its base and never worth
+// saving on its own (a getitem picks a tuple element and is saved by itself).
+bool is_view_like(const Node& node);
+
+// For every node, the node whose output storage it shares: itself, or for a
+// view / in-place result / getitem, the root of its first aliased input.
+// Values that share a root occupy memory once.
+std::vector<std::int32_t> storage_roots(const Graph& graph);
+
+}  // namespace hyper_ac
