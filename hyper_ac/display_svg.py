@@ -115,7 +115,7 @@ def _legend(counts: Counter, *, saved_edges: int) -> str:
                     f'<TD ALIGN="LEFT">{key.lower().replace("_", " ")} ({counts.get(key, 0)})</TD></TR>')
     rows.append(f'<TR><TD><FONT COLOR="{SAVED_EDGE}"><B>&#8594;</B></FONT></TD>'
                 f'<TD ALIGN="LEFT">saved: forward value read by the backward ({saved_edges})</TD></TR>')
-    return ('legend [shape=plaintext, label=<<TABLE BORDER="0" CELLBORDER="1" CELLSPACING="0" CELLPADDING="3">'
+    return ('legend [shape=plaintext, style="", label=<<TABLE BORDER="0" CELLBORDER="1" CELLSPACING="0" CELLPADDING="3">'
             '<TR><TD COLSPAN="2"><B>hyper_ac policy</B></TD></TR>' + "".join(rows) + "</TABLE>>];")
 
 
@@ -145,7 +145,7 @@ class GraphPicture:
         return self.svg
 
     def _repr_html_(self) -> str:
-        return (f'<div style="max-width:100%;overflow:auto;max-height:900px"><p><b>{html.escape(self.title)}</b></p>'
+        return (f'<div style="max-width:100%;overflow:auto;max-height:1400px"><p><b>{html.escape(self.title)}</b></p>'
                 f"{self.svg}</div>")
 
     def __repr__(self) -> str:
@@ -184,7 +184,8 @@ def draw_unit(gm: fx.GraphModule, unit: str, *, phase: Optional[str] = None, max
                      'style="rounded,dashed"; color="#bbbbbb"; fontsize=11;')
         for n in members:
             key = policy_key(n)
-            text = f"{n.name}\n{_op_label(n)}"
+            op = _op_label(n)
+            text = n.name if n.name.rstrip("0123456789").rstrip("_") == op.split(".")[0] else f"{n.name}\n{op}"
             attrs = [f"fillcolor={_q(COLOURS[key])}"]
             if key == "duplicate":
                 text += f"\n(copy of {n.meta['ac_recomputed_from']})"
@@ -248,6 +249,7 @@ def draw_collapsed(gm: fx.GraphModule, *, phase: Optional[str] = None) -> GraphP
             else:
                 flows[(src, dst)] += 1
     ids = {key: f"g{i}" for i, key in enumerate(members)}
+    names = {key: key[0] if key[0] != "(no module)" else "outside modules (loss, glue)" for key in members}
     lines = _graph_header(f"whole graph, collapsed per top-level module — {len(group)} nodes")
     for label, backward in (("forward", False), ("backward", True)):
         keys = [k for k in members if k[1] == backward]
@@ -260,7 +262,7 @@ def draw_collapsed(gm: fx.GraphModule, *, phase: Optional[str] = None) -> GraphP
             saves = any(_is_saved_edge(n, u) for n in members[key] for u in n.users)
             border = f' COLOR="{SAVED_EDGE}"' if saves else ""
             label_html = (f'<<TABLE BORDER="{2 if saves else 1}" CELLBORDER="0" CELLSPACING="2"{border}>'
-                          f'<TR><TD COLSPAN="6"><B>{html.escape(key[0])}</B> ({len(members[key])})</TD></TR>'
+                          f'<TR><TD COLSPAN="6"><B>{html.escape(names[key])}</B> ({len(members[key])} nodes)</TD></TR>'
                           f"<TR>{_count_cells(c)}</TR></TABLE>>")
             lines.append(f"    {ids[key]} [shape=plaintext, style=\"\", label={label_html}];")
         lines.append("  }")
@@ -268,9 +270,14 @@ def draw_collapsed(gm: fx.GraphModule, *, phase: Optional[str] = None) -> GraphP
     for (src, dst), k in sorted(saved_flows.items(), key=lambda kv: (ids[kv[0][0]], ids[kv[0][1]])):
         saved += k
         lines.append(f"  {ids[src]} -> {ids[dst]} [color={_q(SAVED_EDGE)}, penwidth=2, label={_q(str(k))}, "
-                     f"fontcolor={_q(SAVED_EDGE)}, fontsize=8, constraint=false];")
+                     f"fontcolor={_q(SAVED_EDGE)}, fontsize=9, constraint=false];")
     for (src, dst), k in sorted(flows.items(), key=lambda kv: (ids[kv[0][0]], ids[kv[0][1]])):
-        lines.append(f"  {ids[src]} -> {ids[dst]} [label={_q(str(k))}, fontsize=8];")
+        # forward edges set the ranks (top to bottom); backward ones run back up beside them
+        lines.append(f"  {ids[src]} -> {ids[dst]}{' [constraint=false]' if src[1] or dst[1] else ''};")
+    for name in {key[0] for key in members}:  # a module's backward box level with its forward box
+        pair = [ids[k] for k in ((name, False), (name, True)) if k in members]
+        if len(pair) == 2:
+            lines.append(f"  {{ rank=same; {pair[0]}; {pair[1]}; }}")
     lines.append("  " + _legend(counts, saved_edges=saved))
     lines.append("}")
     return GraphPicture("\n".join(lines), title="whole graph (collapsed)", counts=counts, saved_edges=saved,

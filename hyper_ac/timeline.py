@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import html
 import io
+import warnings
 from typing import Any, Mapping, Optional, Sequence
 
 import torch
@@ -23,7 +24,12 @@ from torch import fx
 
 __all__ = ["Frontier", "MemoryTimeline", "frontier", "memory"]
 
-_MIB = 2**20
+def _unit(peak: float) -> tuple[float, str]:
+    """A divisor and its name so the largest figure reads between 1 and 1024."""
+    for scale, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if peak >= scale:
+            return scale, name
+    return 1, "bytes"
 
 
 def _fmt(n: Any) -> str:
@@ -79,16 +85,17 @@ class MemoryTimeline:
         """A matplotlib Figure: one line before, one line after, forward/backward boundaries dotted."""
         fig = _new_figure(8, 3.6)
         ax = fig.add_subplot()
+        scale, unit = _unit(max(self.peak_before, self.peak_after))
         for values, boundary, label, colour in (
             (self.before, self.boundary_before, "before (no checkpointing)", "#b2182b"),
             (self.after, self.boundary_after, f"after ({self.mode})", "#2166ac"),
         ):
-            ax.plot(range(len(values)), [v / _MIB for v in values], color=colour, linewidth=1.4,
+            ax.plot(range(len(values)), [v / scale for v in values], color=colour, linewidth=1.4,
                     label=f"{label}: peak {_fmt(max(values, default=0))}")
             if boundary >= 0:
                 ax.axvline(boundary, color=colour, linestyle=":", linewidth=1)
         ax.set_xlabel("step (node in schedule order; dotted: last forward step)")
-        ax.set_ylabel("live activations (MiB)")
+        ax.set_ylabel(f"live activations ({unit})")
         ax.set_title(f"Memory over the training step — {self.mode}", fontsize=11)
         ax.grid(True, alpha=0.3)
         ax.set_ylim(bottom=0)
@@ -98,7 +105,8 @@ class MemoryTimeline:
 
     def rows(self) -> list[tuple[str, str, str]]:
         s = self.stats
-        out = [("live activations, peak (" + self.source.split(" ")[0] + ")", _fmt(self.peak_before), _fmt(self.peak_after))]
+        how = "simulated by the core" if self.source.startswith("simulated") else "measured"
+        out = [(f"live activations, peak ({how})", _fmt(self.peak_before), _fmt(self.peak_after))]
         if "simulated_activation_peak_before" in s:
             out.append(("live activations, peak (simulated by the core)", _fmt(s["simulated_activation_peak_before"]),
                         _fmt(s["simulated_activation_peak_after"])))
@@ -106,7 +114,8 @@ class MemoryTimeline:
             out.append(("saved for backward", _fmt(s["saved_bytes_before"]), _fmt(s["saved_bytes_after"])))
             out.append(("values saved for backward", str(s["saved_values_before"]), str(s["saved_values_after"])))
             out.append(("nodes recomputed (duplicated)", "0", str(s["nodes_duplicated"])))
-            out.append(("recompute cost", "0", f"{s['recompute_flops']:.3g} FLOPs, {s['recompute_seconds'] * 1e6:.3g} µs"))
+            out.append(("recompute cost (roofline estimate)", "-",
+                        f"{s['recompute_seconds'] * 1e6:.3g} µs ({s['recompute_flops']:.3g} FLOPs)"))
         return out
 
     def _repr_html_(self) -> str:
@@ -179,7 +188,9 @@ def memory(captured: Any, config: Any, *, model: Any = None, inputs: Optional[li
     if any(n.meta.get("ac_recomputed_from") for n in gm.graph.nodes):
         raise ValueError("memory() needs the graph before the pass, but this one was already rewritten "
                          "(it has recomputed copies); pass the freshly captured graph")
-    after = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    with warnings.catch_warnings():  # torch's own deprecation noise from copying pytree specs
+        warnings.simplefilter("ignore", FutureWarning)
+        after = fx.GraphModule(gm, copy.deepcopy(gm.graph))
     ac = ActivationCheckpointPass(cfg)
     ac.run(after, model=model)
     plan = ac.result.plan
@@ -202,17 +213,24 @@ class Frontier(list):
     """``hyper_ac.pareto``'s points (a list of dicts) that plot themselves in Jupyter."""
 
     def figure(self) -> Any:
-        fig = _new_figure(6, 4)
+        """A matplotlib Figure: saved-for-backward bytes and simulated peak against recompute cost."""
+        fig = _new_figure(7, 3.8)
         ax = fig.add_subplot()
+        scale, unit = _unit(max((p["simulated_peak_bytes"] for p in self), default=0))
         xs = [p["recompute_seconds"] * 1e6 for p in self]
-        ys = [p["simulated_peak_bytes"] / _MIB for p in self]
-        ax.plot(xs, ys, marker="o", color="#2166ac")
-        for p, x, y in zip(self, xs, ys):
-            ax.annotate(f"λ={p['lambda']:.3g}", (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        ax.plot(xs, [p["saved_bytes"] / scale for p in self], marker="o", color="#b2182b",
+                label="saved for backward")
+        ax.plot(xs, [p["simulated_peak_bytes"] / scale for p in self], marker="s", color="#2166ac",
+                label="simulated peak (whole step)")
+        for p, x in ((self[0], xs[0]), (self[-1], xs[-1])) if self else ():
+            ax.annotate(f"λ={p['lambda']:.3g}", (x, p["saved_bytes"] / scale), textcoords="offset points",
+                        xytext=(6, -12), ha="left", fontsize=8)
         ax.set_xlabel("recompute cost (µs, roofline estimate)")
-        ax.set_ylabel("simulated peak (MiB)")
-        ax.set_title("Saved memory vs recompute cost across λ", fontsize=11)
+        ax.set_ylabel(unit)
+        ax.set_ylim(bottom=0)
+        ax.set_title("Memory vs recompute cost across λ (Pareto frontier)", fontsize=11)
         ax.grid(True, alpha=0.3)
+        ax.legend(loc="upper right", fontsize=9)
         fig.tight_layout()
         return fig
 
