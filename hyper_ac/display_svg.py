@@ -107,14 +107,14 @@ def _q(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _legend(counts: Counter, *, saved_edges: int) -> str:
+def _legend(counts: Counter, *, saved_values: int) -> str:
     rows = []
     for key in (*POLICIES, "untagged", "duplicate"):
         style = ' STYLE="dashed"' if key == "duplicate" else ""
         rows.append(f'<TR><TD BGCOLOR="{COLOURS[key]}" WIDTH="18"{style}></TD>'
                     f'<TD ALIGN="LEFT">{key.lower().replace("_", " ")} ({counts.get(key, 0)})</TD></TR>')
     rows.append(f'<TR><TD><FONT COLOR="{SAVED_EDGE}"><B>&#8594;</B></FONT></TD>'
-                f'<TD ALIGN="LEFT">saved: forward value read by the backward ({saved_edges})</TD></TR>')
+                f'<TD ALIGN="LEFT">saved: forward value read by the backward ({saved_values} values)</TD></TR>')
     return ('legend [shape=plaintext, style="", label=<<TABLE BORDER="0" CELLBORDER="1" CELLSPACING="0" CELLPADDING="3">'
             '<TR><TD COLSPAN="2"><B>hyper_ac policy</B></TD></TR>' + "".join(rows) + "</TABLE>>];")
 
@@ -211,7 +211,9 @@ def draw_unit(gm: fx.GraphModule, unit: str, *, phase: Optional[str] = None, max
         lines.append(f"  {_q(ext.name)} [label={_q(ext.name)}, shape=plaintext, style=\"\", fontcolor={_q(_EXTERNAL)}, "
                      "fontsize=8];")
     lines.extend(edges)
-    lines.append("  " + _legend(counts, saved_edges=saved))
+    saved_values = {n for n in nodes if not _backward(n) and any(_is_saved_edge(n, u) for u in n.users)}
+    saved_values |= {a for n in nodes for a in n.all_input_nodes if _is_saved_edge(a, n)}
+    lines.append("  " + _legend(counts, saved_values=len(saved_values)))
     lines.append("}")
     return GraphPicture("\n".join(lines), title=f"unit {unit}", counts=counts, saved_edges=saved, nodes=len(nodes))
 
@@ -278,7 +280,8 @@ def draw_collapsed(gm: fx.GraphModule, *, phase: Optional[str] = None) -> GraphP
         pair = [ids[k] for k in ((name, False), (name, True)) if k in members]
         if len(pair) == 2:
             lines.append(f"  {{ rank=same; {pair[0]}; {pair[1]}; }}")
-    lines.append("  " + _legend(counts, saved_edges=saved))
+    saved_values = {a for n in group for a in n.all_input_nodes if a in group and _is_saved_edge(a, n)}
+    lines.append("  " + _legend(counts, saved_values=len(saved_values)))
     lines.append("}")
     return GraphPicture("\n".join(lines), title="whole graph (collapsed)", counts=counts, saved_edges=saved,
                         nodes=len(members))

@@ -103,6 +103,12 @@ def test_unit_picture_colours_each_node_by_its_policy(rewritten):
     for producer, _ in expected:  # a saved value's own box is outlined red
         assert display_svg.SAVED_EDGE in drawn[producer]["strokes"]
     assert "saved: forward value read by the backward" in pic.svg  # the legend
+    # forward alone: no backward drawn, yet the legend counts the unit's values the backward reads
+    forward = display.draw(gm, "layers.0.mlp", phase="forward")
+    values = [n for n in unit if not n.meta["autograd_backward"] and any(u.meta["autograd_backward"] for u in n.users)]
+    assert values
+    assert forward.saved_edges == 0 and f"({len(values)} values)" in forward.svg
+    assert all(n.meta["autograd_backward"] is False for n in unit if n.name in _svg_nodes(forward.svg))
 
 
 def test_collapsed_picture_counts_per_module(rewritten):
