@@ -176,22 +176,21 @@ def _measure(gm: fx.GraphModule, inputs: list[Any]) -> list[int]:
 def memory(captured: Any, config: Any, *, model: Any = None, inputs: Optional[list] = None) -> MemoryTimeline:
     """Plan ``config`` on a copy of ``captured`` (a CapturedGraph or an annotated joint GraphModule,
     left as it is) and return its memory timeline before vs after, with the plan's stats."""
-    from hyper_ac.config import load_config
-    from hyper_ac.passes import ActivationCheckpointPass
+    import hyper_ac  # the public names, which stay put when modules move
 
     gm = getattr(captured, "graph_module", captured)
     if not isinstance(gm, fx.GraphModule):
         raise TypeError(f"memory() needs a CapturedGraph or a torch.fx.GraphModule, got {type(gm).__name__}")
     if model is None:
         model = getattr(captured, "model", None)
-    cfg = load_config(config)
+    cfg = hyper_ac.load_config(config)
     if any(n.meta.get("ac_recomputed_from") for n in gm.graph.nodes):
         raise ValueError("memory() needs the graph before the pass, but this one was already rewritten "
                          "(it has recomputed copies); pass the freshly captured graph")
     with warnings.catch_warnings():  # torch's own deprecation noise from copying pytree specs
         warnings.simplefilter("ignore", FutureWarning)
         after = fx.GraphModule(gm, copy.deepcopy(gm.graph))
-    ac = ActivationCheckpointPass(cfg)
+    ac = hyper_ac.ActivationCheckpointPass(cfg)
     ac.run(after, model=model)
     plan = ac.result.plan
     stats = ac.result.stats

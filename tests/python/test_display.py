@@ -12,7 +12,6 @@ from torch import fx
 import hyper_ac
 from hyper_ac import display, display_svg, models
 from hyper_ac.capture import capture_joint
-from hyper_ac.passes import ActivationCheckpointPass
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -30,7 +29,7 @@ def _copy(gm: fx.GraphModule) -> fx.GraphModule:
 @pytest.fixture(scope="module")
 def rewritten(captured):
     gm = _copy(captured.graph_module)
-    ac = ActivationCheckpointPass({"ac_mode": "selective"})
+    ac = hyper_ac.ActivationCheckpointPass({"ac_mode": "selective"})
     ac.run(gm, model=captured.model)
     return gm, ac.result
 
