@@ -1,7 +1,16 @@
-"""Tagged graphs in Jupyter: ``hyper_ac.display.show(gm)`` renders a table.
+"""Tagged graphs in Jupyter.
+
+* ``show(gm)``: a picture of the graph collapsed per top-level module (or of
+  one ``unit=``) coloured by policy, above a collapsible table (phase, name,
+  op, module, policy, duplicate-of, bytes);
+* ``draw(gm, unit="layers.0")``: the picture alone (SVG through Graphviz ``dot``);
+* ``memory(captured, config)``: live bytes over the training step before vs
+  after a plan, with its stats;
+* ``frontier(hyper_ac.pareto(...))``: the Pareto frontier as an inline plot.
 
 Reads what the pass left on the nodes (``meta["recompute"]``,
-``meta["ac_recomputed_from"]``, ``meta["ac_module_stack"]``); decides nothing.
+``meta["ac_recomputed_from"]``, ``meta["ac_module_stack"]``) and the core's
+plan; decides nothing.
 """
 
 from __future__ import annotations
@@ -11,15 +20,11 @@ from typing import Any, Optional
 
 from torch import fx
 
-__all__ = ["TaggedGraph", "show"]
+from hyper_ac.display_svg import COLOURS, GraphPicture, draw as _draw, units
+from hyper_ac.timeline import Frontier, MemoryTimeline, frontier, memory
 
-_COLOURS = {
-    "MUST_SAVE": "#f4cccc",
-    "PREFER_SAVE": "#fce5cd",
-    "MUST_RECOMPUTE": "#c9daf8",
-    "PREFER_RECOMPUTE": "#d9ead3",
-    "duplicate": "#ead1dc",
-}
+__all__ = ["COLOURS", "Frontier", "GraphPicture", "MemoryTimeline", "TaggedGraph", "draw", "frontier", "memory",
+           "show", "units"]
 
 
 def _bytes(node: fx.Node) -> int:
@@ -38,11 +43,18 @@ def _bytes(node: fx.Node) -> int:
 class TaggedGraph:
     """One row per node: phase, name, op, module, policy, duplicate-of, bytes."""
 
-    def __init__(self, gm: fx.GraphModule, *, phase: Optional[str] = None, limit: int = 2000) -> None:
+    def __init__(self, gm: fx.GraphModule, *, phase: Optional[str] = None, limit: int = 2000,
+                 picture: bool = True, unit: Optional[str] = None) -> None:
         if phase not in (None, "forward", "backward"):
             raise ValueError(f"phase must be 'forward', 'backward' or None, got {phase!r}")
         if not isinstance(limit, int) or limit <= 0:
             raise ValueError(f"limit must be a positive int, got {limit!r}")
+        self.graph_module = gm
+        self.phase = phase
+        self.picture = picture
+        self.unit = unit
+        if unit is not None:
+            _draw(gm, unit, phase=phase)  # a bad unit fails here, not at display time
         self.rows = []
         for node in gm.graph.nodes:
             backward = bool(node.meta.get("autograd_backward", False))
@@ -81,18 +93,45 @@ class TaggedGraph:
         body = []
         for r in self.rows:
             key = "duplicate" if r["duplicate_of"] else r["policy"]
-            style = f' style="background:{_COLOURS[key]}"' if key in _COLOURS else ""
+            style = f' style="background:{COLOURS[key]}"' if key in COLOURS else ""
             cells = (r["phase"], r["name"], r["op"], r["module"], r["policy"], r["duplicate_of"], f"{r['bytes']:,}")
             body.append(f"<tr{style}>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
         summary = ", ".join(f"{k}: {v}" for k, v in sorted(self.counts().items()))
         more = f"<p>... {self.truncated} more nodes</p>" if self.truncated else ""
-        return (f"<p><b>hyper_ac</b> — {html.escape(summary)}</p><table><tr>{head}</tr>"
-                + "".join(body) + f"</table>{more}")
+        table = f"<table><tr>{head}</tr>" + "".join(body) + f"</table>{more}"
+        return (f"<p><b>hyper_ac</b> — {html.escape(summary)}</p>{self._picture_html()}"
+                f"<details><summary>table: {len(self.rows)} nodes</summary>{table}</details>")
+
+    def draw(self) -> GraphPicture:
+        """The picture: ``unit`` node by node, or the whole graph collapsed per top-level module."""
+        return _draw(self.graph_module, self.unit, phase=self.phase)
+
+    def _picture_html(self) -> str:
+        if not self.picture:
+            return ""
+        try:
+            return self.draw()._repr_html_()
+        except RuntimeError as exc:  # Graphviz missing: the table still shows, with the reason
+            return f"<p style='color:#b2182b'>No picture: {html.escape(str(exc))}</p>"
 
 
-def show(gm: Any, *, phase: Optional[str] = None, limit: int = 2000) -> TaggedGraph:
-    """A displayable view of a (tagged or rewritten) GraphModule or CapturedGraph."""
+def _graph_module(gm: Any, what: str) -> fx.GraphModule:
     gm = getattr(gm, "graph_module", gm)
     if not isinstance(gm, fx.GraphModule):
-        raise TypeError(f"show() needs a torch.fx.GraphModule or a CapturedGraph, got {type(gm).__name__}")
-    return TaggedGraph(gm, phase=phase, limit=limit)
+        raise TypeError(f"{what}() needs a torch.fx.GraphModule or a CapturedGraph, got {type(gm).__name__}")
+    return gm
+
+
+def show(gm: Any, *, phase: Optional[str] = None, limit: int = 2000, unit: Optional[str] = None,
+         picture: bool = True) -> TaggedGraph:
+    """A displayable view of a (tagged or rewritten) GraphModule or CapturedGraph: the picture
+    (``unit`` node by node, else the whole graph collapsed per top-level module) and the table.
+    ``picture=False`` shows the table alone (no Graphviz needed)."""
+    return TaggedGraph(_graph_module(gm, "show"), phase=phase, limit=limit, picture=picture, unit=unit)
+
+
+def draw(gm: Any, unit: Optional[str] = None, *, phase: Optional[str] = None, max_nodes: int = 400) -> GraphPicture:
+    """An SVG picture of ``unit`` (e.g. ``"layers.0"``) node by node, or of the whole graph collapsed
+    per top-level module, coloured by policy; saved edges red, recomputed copies dashed purple.
+    Needs Graphviz ``dot``."""
+    return _draw(_graph_module(gm, "draw"), unit, phase=phase, max_nodes=max_nodes)

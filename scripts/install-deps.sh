@@ -5,7 +5,8 @@ set -euo pipefail
 PY=${PYTHON:-python3}
 
 need_apt=()
-for pkg in libboost-graph-dev nlohmann-json3-dev catch2; do
+# graphviz: `dot` draws the graph pictures of hyper_ac.display (and examples/inspect.ipynb).
+for pkg in libboost-graph-dev nlohmann-json3-dev catch2 graphviz; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -21,7 +22,8 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] 
   "$PY" -m pip install -q torch==2.13.0
 fi
 
-pip_pkgs=(pybind11 scikit-build-core pyyaml pytest numpy networkx transformers matplotlib tqdm)
+# nbclient + ipykernel + nbformat: tests/python/test_notebook.py executes examples/inspect.ipynb headlessly.
+pip_pkgs=(pybind11 scikit-build-core pyyaml pytest numpy networkx transformers matplotlib tqdm nbclient ipykernel nbformat)
 missing=()
 for p in "${pip_pkgs[@]}"; do
   mod=$p
