@@ -5,7 +5,8 @@ set -euo pipefail
 PY=${PYTHON:-python3}
 
 need_apt=()
-for pkg in libboost-graph-dev nlohmann-json3-dev catch2; do
+# clang + libFuzzer: `make test-sanitize` and `make fuzz` (ASan/UBSan, tests/fuzz).
+for pkg in libboost-graph-dev nlohmann-json3-dev catch2 clang libfuzzer-14-dev; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
