@@ -36,7 +36,7 @@ test-python: build
 # ASan + UBSan (-fno-sanitize-recover: the first report fails the test).
 test-sanitize:
 	@bash scripts/install-deps.sh
-	CXX=clang++ cmake -S . -B $(SANITIZE_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHYPER_AC_SANITIZE=ON >/dev/null
+	CXX=clang++ cmake -S . -B $(SANITIZE_DIR) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DHYPER_AC_SANITIZE=ON >/dev/null
 	cmake --build $(SANITIZE_DIR) -j $(JOBS)
 	ASAN_OPTIONS=halt_on_error=1:detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	  ctest --test-dir $(SANITIZE_DIR) --output-on-failure

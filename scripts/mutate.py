@@ -2,8 +2,9 @@
 """Mutation testing of the core rules (issue 14).
 
 Each mutation breaks one rule on purpose in a temporary copy of the tree
-(`git ls-files` + untracked files, no build dirs), rebuilds there and runs the
-test subset meant to catch it. A mutation the tests do not catch ("SURVIVED")
+(`git ls-files` + untracked files, no build dirs), rebuilds there (one -O0
+build of the Catch2 tests, then only the mutated file per mutation) and runs
+the test subset meant to catch it; the file is restored afterwards. A mutation the tests do not catch ("SURVIVED")
 is a hole in the suite. Mutations are (file, exact old snippet, new snippet):
 when the core moves, update the snippets here; a snippet that is not found
 exactly once is reported as STALE, never silently skipped.
@@ -120,24 +121,47 @@ def run(cmd, cwd, env=None, log=None) -> int:
     return proc.returncode
 
 
-def try_mutation(m: Mutation, python: str, jobs: str, keep: bool) -> tuple[str, str]:
-    tmp = tempfile.mkdtemp(prefix=f"mutate-{m.name}-")
+class Workspace:
+    """One copy of the tree and one C++ build (-O0: fast to compile), reused by
+    every mutation: each rebuild recompiles only the mutated file."""
+
+    def __init__(self, root: str, jobs: str, python: str):
+        self.root, self.jobs, self.python = root, jobs, python
+        self.build = os.path.join(root, "build", "mutate")
+        self.built = False
+        self.baseline: dict[str, int] = {}
+
+    def ensure_build(self, log: list) -> bool:
+        if self.built:
+            return True
+        if run(["cmake", "-S", self.root, "-B", self.build, "-DCMAKE_BUILD_TYPE=Debug",
+                "-DCMAKE_CXX_FLAGS_DEBUG=-O0"], self.root, log=log) != 0:
+            return False
+        self.built = run(["cmake", "--build", self.build, "-j", self.jobs, "--target", "hyper_ac_tests"],
+                         self.root, log=log) == 0
+        return self.built
+
+
+def try_mutation(m: Mutation, ws: Workspace) -> tuple[str, str]:
     log: list[str] = []
+    path = os.path.join(ws.root, m.path)
+    original = open(path).read()
+    if original.count(m.old) != 1:
+        return "STALE", f"old snippet found {original.count(m.old)} times in {m.path}"
+    kind, spec = m.catch
+    if kind == "ctest" and not ws.ensure_build(log):
+        return "BUILD-FAILED", "the unmutated tree does not build: " + log[-1][-300:]
+    # The subset must pass unmutated, or a failure says nothing about the mutation.
+    if kind == "ctest" and spec not in ws.baseline:
+        ws.baseline[spec] = run([os.path.join(ws.build, "hyper_ac_tests"), spec], ws.root, log=log)
+        if ws.baseline[spec] != 0:
+            return "BASELINE-FAILS", f"{spec} fails without the mutation"
     try:
-        copy_tree(tmp)
-        path = os.path.join(tmp, m.path)
-        text = open(path).read()
-        if text.count(m.old) != 1:
-            return "STALE", f"old snippet found {text.count(m.old)} times in {m.path}"
-        open(path, "w").write(text.replace(m.old, m.new))
-        kind, spec = m.catch
+        open(path, "w").write(original.replace(m.old, m.new))
         if kind == "ctest":
-            build = os.path.join(tmp, "build", "mutate")
-            if run(["cmake", "-S", tmp, "-B", build, "-DCMAKE_BUILD_TYPE=Release"], tmp, log=log) != 0:
-                return "BUILD-FAILED", log[-1]
-            if run(["cmake", "--build", build, "-j", jobs, "--target", "hyper_ac_tests"], tmp, log=log) != 0:
-                return "KILLED (does not compile)", log[-1][-400:]
-            rc = run([os.path.join(build, "hyper_ac_tests"), spec], tmp, log=log)
+            if run(["cmake", "--build", ws.build, "-j", ws.jobs, "--target", "hyper_ac_tests"], ws.root, log=log) != 0:
+                return "KILLED", "does not compile"
+            rc = run([os.path.join(ws.build, "hyper_ac_tests"), spec], ws.root, log=log)
         else:
             env = dict(os.environ)
             # The copy's Python sources, the installed extension modules.
@@ -146,25 +170,27 @@ def try_mutation(m: Mutation, python: str, jobs: str, keep: bool) -> tuple[str, 
             installed = os.path.dirname(importlib.util.find_spec("hyper_ac._core").origin)
             for so in os.listdir(installed):
                 if so.endswith(".so"):
-                    shutil.copy2(os.path.join(installed, so), os.path.join(tmp, "hyper_ac", so))
-            env["PYTHONPATH"] = tmp
-            rc = run([python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *spec], tmp, env=env, log=log)
-        if rc == 0:
-            return "SURVIVED", "the tests passed with the rule broken"
-        failed = [line for line in log[-1].splitlines() if "FAILED" in line or "failed" in line or "with expansion" in line]
-        return "KILLED", (failed[0] if failed else log[-1].splitlines()[-1])[:160]
+                    shutil.copy2(os.path.join(installed, so), os.path.join(ws.root, "hyper_ac", so))
+            env["PYTHONPATH"] = ws.root
+            rc = run([ws.python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *spec], ws.root, env=env,
+                     log=log)
     finally:
-        if keep:
-            print(f"  kept {tmp}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+        open(path, "w").write(original)
+        os.utime(path)
+    if rc == 0:
+        return "SURVIVED", "the tests passed with the rule broken"
+    lines = log[-1].splitlines()
+    failed = [line for line in lines if line.startswith("FAILED") or "FAILED:" in line or " failed" in line]
+    where = [line for line in lines if "TEST_CASE" in line or line.endswith("...") or "test cases" in line]
+    return "KILLED", ((failed or where or lines[-1:])[0])[:160]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="*", help="mutations to run (default: all)")
     parser.add_argument("--list", action="store_true")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary trees")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary tree")
+    parser.add_argument("--workdir", help="reuse this copy (and its build/mutate) across runs")
     parser.add_argument("--jobs", default=os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", "2"))
     args = parser.parse_args()
     chosen = [m for m in MUTATIONS if not args.names or m.name in args.names]
@@ -173,13 +199,21 @@ def main() -> int:
             print(f"{m.name:30s} {m.path:22s} {m.what}")
         return 0 if chosen or args.list else 2
     python = os.environ.get("PYTHON", sys.executable)
+    root = args.workdir or tempfile.mkdtemp(prefix="hyper_ac-mutate-")
+    if not os.path.exists(os.path.join(root, "CMakeLists.txt")) or not args.workdir:
+        copy_tree(root)
+    ws = Workspace(root, args.jobs, python)
     survived = 0
-    print(f"{'mutation':30s} {'result':10s} {'seconds':>7s}  detail")
-    for m in chosen:
-        t0 = time.time()
-        result, detail = try_mutation(m, python, args.jobs, args.keep)
-        survived += result != "KILLED" and not result.startswith("KILLED")
-        print(f"{m.name:30s} {result:10s} {time.time() - t0:7.0f}  {detail}", flush=True)
+    print(f"{'mutation':30s} {'result':10s} {'seconds':>7s}  detail", flush=True)
+    try:
+        for m in chosen:
+            t0 = time.time()
+            result, detail = try_mutation(m, ws)
+            survived += result != "KILLED"
+            print(f"{m.name:30s} {result:10s} {time.time() - t0:7.0f}  {detail}", flush=True)
+    finally:
+        if not args.keep and not args.workdir:
+            shutil.rmtree(root, ignore_errors=True)
     return 1 if survived else 0
 
 

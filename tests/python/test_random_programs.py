@@ -117,7 +117,7 @@ class Program:
             body.append(text.format(o=o, a=var[op.a], b=var[op.b], p=p, D=D, H=H))
             var[op.out] = o
         result = var[self.ops[-1].out] if self.ops else "x"
-        init = "".join(f"        {line}\n" for line in params) or "        pass\n"
+        init = "".join(f"        {line}\n" for line in params) or ("" if not self.units else "        pass\n")
         lines = "".join(f"        {line}\n" for line in body)
         if self.units:
             return (
@@ -127,16 +127,19 @@ class Program:
                 "    def forward(self, x):\n" + lines + f"        return {result} + x\n\n"
                 "class Model(nn.Module):\n"
                 "    def __init__(self):\n        super().__init__()\n"
+                f"        self.w_in = nn.Parameter(torch.randn({D}, {D}) / {D} ** 0.5)\n"
                 f"        self.layers = nn.ModuleList([Block() for _ in range({self.layers})])\n"
                 "    def forward(self, x):\n"
+                "        x = x @ self.w_in\n"
                 "        for layer in self.layers:\n            x = layer(x)\n"
                 "        return x.pow(2).mean()\n"
             )
         return (
             f"# seed {self.seed}: one flat module (no units)\n"
             "class Model(nn.Module):\n"
-            "    def __init__(self):\n        super().__init__()\n" + init +
-            "    def forward(self, x):\n" + lines + f"        return ({result} + x).pow(2).mean()\n"
+            "    def __init__(self):\n        super().__init__()\n"
+            f"        self.w_in = nn.Parameter(torch.randn({D}, {D}) / {D} ** 0.5)\n" + init +
+            "    def forward(self, x):\n        x = x @ self.w_in\n" + lines + f"        return ({result} + x).pow(2).mean()\n"
         )
 
     def without(self, k: int) -> "Program":
