@@ -9,7 +9,7 @@ the loss and every gradient must be ``torch.equal`` to the same program
 compiled with ``ac_mode: off`` (same pipeline, nothing checkpointed) under the
 same seed.
 
-Size per run: ``HYPER_AC_RANDOM_PROGRAMS`` programs (default 120, seeds
+Size per run: ``HYPER_AC_RANDOM_PROGRAMS`` programs (default 24, seeds
 0..N-1; ``HYPER_AC_RANDOM_SEED0`` shifts the range). A failing seed prints the
 program it generated and a shrunk program that still fails, as source.
 Reproduce one seed with ``HYPER_AC_RANDOM_SEED0=S HYPER_AC_RANDOM_PROGRAMS=1``.
@@ -33,7 +33,7 @@ import hyper_ac
 D = 8  # feature width of every value the generator makes (shape (B, D))
 H = D // 2
 B = 4
-N_PROGRAMS = int(os.environ.get("HYPER_AC_RANDOM_PROGRAMS", "120"))
+N_PROGRAMS = int(os.environ.get("HYPER_AC_RANDOM_PROGRAMS", "24"))
 SEED0 = int(os.environ.get("HYPER_AC_RANDOM_SEED0", "0"))
 MODES = ["full", "selective", "auto", "budget"]
 
