@@ -54,6 +54,12 @@ const std::string& op_policy() {
   return table;
 }
 
+// HYPER_AC_FUZZ_VERBOSE=1: say what each input gave (for reading a reproducer).
+bool verbose() {
+  static const bool on = std::getenv("HYPER_AC_FUZZ_VERBOSE") != nullptr;
+  return on;
+}
+
 [[noreturn]] void finding(const char* what, const std::string& detail) {
   std::fprintf(stderr, "fuzz_plan finding: %s: %s\n", what, detail.c_str());
   std::abort();
@@ -84,10 +90,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const auto result = hyper_ac::make_plan(loaded.graph, options);
     check_plan(result);
     (void)hyper_ac::plan_to_json(loaded.graph, result);
-  } catch (const hyper_ac::GraphError&) {
-  } catch (const hyper_ac::ConfigError&) {
-  } catch (const hyper_ac::ScopeError&) {
-  } catch (const hyper_ac::MinCutError&) {
+    if (verbose()) std::fprintf(stderr, "fuzz_plan: planned, peak %lld -> %lld bytes, budget %lld\n",
+                                static_cast<long long>(result.stats.simulated_peak_before),
+                                static_cast<long long>(result.stats.simulated_peak_after),
+                                static_cast<long long>(result.stats.budget_bytes));
+  } catch (const std::invalid_argument& e) {
+    // GraphError, ConfigError, ScopeError (NoUnitsError), MinCutError: documented.
+    if (!dynamic_cast<const hyper_ac::GraphError*>(&e) && !dynamic_cast<const hyper_ac::ConfigError*>(&e) &&
+        !dynamic_cast<const hyper_ac::ScopeError*>(&e) && !dynamic_cast<const hyper_ac::MinCutError*>(&e))
+      finding("undocumented invalid_argument", e.what());
+    if (verbose()) std::fprintf(stderr, "fuzz_plan: rejected: %s\n", e.what());
   } catch (const std::exception& e) {
     finding("undocumented exception", e.what());
   }
