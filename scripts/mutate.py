@@ -152,8 +152,9 @@ def try_mutation(m: Mutation, ws: Workspace) -> tuple[str, str]:
     if kind == "ctest" and not ws.ensure_build(log):
         return "BUILD-FAILED", "the unmutated tree does not build: " + log[-1][-300:]
     # The subset must pass unmutated, or a failure says nothing about the mutation.
-    if kind == "ctest" and spec not in ws.baseline:
-        ws.baseline[spec] = run([os.path.join(ws.build, "hyper_ac_tests"), spec], ws.root, log=log)
+    if kind == "ctest":
+        if spec not in ws.baseline:
+            ws.baseline[spec] = run([os.path.join(ws.build, "hyper_ac_tests"), spec], ws.root, log=log)
         if ws.baseline[spec] != 0:
             return "BASELINE-FAILS", f"{spec} fails without the mutation"
     try:
