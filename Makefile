@@ -4,7 +4,13 @@ BUILD_DIR := build/py
 SOURCES := $(shell find core bindings cli tests/cpp -name '*.cc' -o -name '*.h' -o -name '*.cmake' 2>/dev/null) CMakeLists.txt pyproject.toml
 STAMP := $(BUILD_DIR)/.installed
 
-.PHONY: all deps build demo test test-cpp test-python bench clean
+.PHONY: all deps build demo test test-cpp test-python test-sanitize fuzz fuzz-long bench clean
+
+# Sanitizer and fuzz builds: clang, their own build dirs, no Python modules.
+SANITIZE_DIR := build/sanitize
+FUZZ_DIR := build/fuzz
+FUZZ_SECONDS ?= 60
+JOBS ?= 2
 
 all: build
 
@@ -27,7 +33,28 @@ test-cpp: build
 test-python: build
 	$(PYTHON) -m pytest tests/python
 
-test: test-cpp test-python
+# ASan + UBSan (-fno-sanitize-recover: the first report fails the test).
+test-sanitize:
+	@bash scripts/install-deps.sh
+	CXX=clang++ cmake -S . -B $(SANITIZE_DIR) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DHYPER_AC_SANITIZE=ON >/dev/null
+	cmake --build $(SANITIZE_DIR) -j $(JOBS)
+	ASAN_OPTIONS=halt_on_error=1:detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	  ctest --test-dir $(SANITIZE_DIR) --output-on-failure
+
+# libFuzzer over graph JSON + config JSON -> plan (docs/testing.md): a fixed-seed
+# run of FUZZ_SECONDS over tests/fuzz/corpus; new inputs go to build/fuzz/corpus,
+# a finding to build/fuzz/crash-* (and fails the target).
+fuzz:
+	@bash scripts/install-deps.sh
+	CXX=clang++ cmake -S . -B $(FUZZ_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHYPER_AC_FUZZ=ON -DHYPER_AC_BUILD_TESTS=OFF >/dev/null
+	cmake --build $(FUZZ_DIR) -j $(JOBS) --target fuzz_plan
+	mkdir -p $(FUZZ_DIR)/corpus
+	$(FUZZ_DIR)/fuzz_plan -seed=1 -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
+	  -dict=tests/fuzz/json.dict -artifact_prefix=$(FUZZ_DIR)/ -print_final_stats=1 \
+	  $(FUZZ_DIR)/corpus tests/fuzz/corpus
+	$(FUZZ_DIR)/fuzz_plan -runs=0 tests/fuzz/regressions/fixed
+
+test: test-cpp test-python test-sanitize fuzz
 
 bench: build
 	$(PYTHON) -m benchmarks

@@ -185,10 +185,17 @@ inline std::string read_text(const std::string& path) {
   return buffer.str();
 }
 
+// HYPER_AC_UPDATE_GOLDEN=1 (exactly "1", as in tests/python/test_tagging_golden.py;
+// "0" or any other value does not rewrite).
+inline bool update_golden() {
+  const char* value = std::getenv("HYPER_AC_UPDATE_GOLDEN");
+  return value != nullptr && std::string(value) == "1";
+}
+
 // Compares `text` with tests/data/golden/<name>.txt; HYPER_AC_UPDATE_GOLDEN=1 rewrites it.
 inline bool matches_golden(const std::string& name, const std::string& text) {
   std::string path = std::string(HYPER_AC_TEST_DATA) + "/golden/" + name + ".txt";
-  if (std::getenv("HYPER_AC_UPDATE_GOLDEN")) {
+  if (update_golden()) {
     std::ofstream(path) << text;
     return true;
   }

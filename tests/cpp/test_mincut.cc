@@ -897,3 +897,32 @@ TEST_CASE("flow_network exports the solved network; its flow is the brute-force 
   }
   CHECK(checked >= 20);
 }
+
+TEST_CASE("capacities past 2^50 in all are scaled and the cut is still the optimum", "[mincut][scale]") {
+  // The cos chain of "a cos chain saves only its input" at 2^61 bytes a value:
+  // the finite capacities add up past int64 unless scaled (unit > 1). Every
+  // capacity scales with N (bytes, and the roofline seconds of pointwise ops),
+  // so the optimal cut is the same as at a small N.
+  for (std::int64_t N : {std::int64_t{1000000}, std::int64_t{1} << 61}) {
+    Net net;
+    net.input("x0", N);
+    net.input("w", N, Role::Parameter);
+    net.fw("x", "aten::mm.default", {"x0", "w"}, N, 1e9);
+    net.fw("c1", "aten::cos.default", {"x"}, N);
+    net.fw("c2", "aten::cos.default", {"c1"}, N);
+    net.fw("c3", "aten::cos.default", {"c2"}, N);
+    net.tangent("t", N);
+    net.bw("g3", {"t", "c2"});
+    net.bw("g2", {"g3", "c1"});
+    net.bw("g1", {"g2", "x"});
+    net.output({"c3", "g1"});
+    Graph g = net.graph();
+    auto tags = net.tags(Policy::PreferRecompute, {{"x", Policy::MustSave}});
+    MinCutResult r = solve_min_cut(g, tags, gpu(1e11));
+    INFO("N " << N << ", capacity unit " << r.stats.capacity_unit);
+    if (N > 1000000) CHECK(r.stats.capacity_unit > 1.0);
+    CHECK(net.names(r.recomputed) == Names{"c1", "c2"});
+    CHECK(net.names(r.saved) == Names{"x"});
+    CHECK(r.saved_bytes == N);
+  }
+}

@@ -258,3 +258,59 @@ TEST_CASE("adapter regions narrow units and pull exclusions out", "[tagging]") {
   CHECK(p.count("mul0") == 0);
   CHECK(r.scope.regions == std::vector<std::string>{"layers.0.mlp", "layers.1.mlp"});
 }
+
+// ---- cross-unit rule: every forward user counts, projections are walked ----
+
+namespace {
+
+// relu0 (layers.0) is read first by mul0 in its own unit, then by `reader`
+// through `via` ("" = directly) in layers.1.
+GraphBuilder cross_unit_late_reader(const std::string& via, bool reader_in_other_unit = true) {
+  GraphBuilder b;
+  b.placeholder("x", "input").placeholder("w0", "parameter").placeholder("w1", "parameter");
+  b.op("mm0", "aten::mm.default", {"x", "w0"}, "layers.0.mlp")
+      .op("relu0", "aten::relu.default", {"mm0"}, "layers.0.mlp")
+      .op("mul0", "aten::mul.Tensor", {"relu0"}, "layers.0");  // first forward user: same unit
+  std::string read = "relu0";
+  if (!via.empty()) {
+    b.op("proj", via, {"relu0"}, "layers.0.mlp");  // a projection inside layers.0
+    read = "proj";
+  }
+  b.op("mm1", "aten::mm.default", {"mul0", "w1"}, "layers.1.mlp")
+      .op("add1", "aten::add.Tensor", {"mm1", read}, reader_in_other_unit ? "layers.1" : "layers.0")
+      .op("loss", "aten::sum.default", {"add1"});
+  b.placeholder("tangent", "tangent", 4, "backward");
+  b.bwd("g_add1", "aten::mul.Tensor", {"tangent", "add1"})
+      .bwd("g_relu0", "aten::threshold_backward.default", {"g_add1", "relu0"})
+      .bwd("g_w0", "aten::mm.default", {"x", "g_relu0"})
+      .output({"loss", "g_w0"});
+  b.model("Net", {{"layers.0", "Block"}, {"layers.0.mlp", "MLP"}, {"layers.1", "Block"}, {"layers.1.mlp", "MLP"}},
+          {{"layers.0", "Block"}, {"layers.1", "Block"}});
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("cross-unit: a later reader in another unit saves the value, not only the first user",
+          "[tagging][cross-unit]") {
+  auto b = cross_unit_late_reader("");
+  auto r = run(b, kSelective);
+  CHECK(policies(b, r)["relu0"] == "MUST_SAVE");
+  CHECK(r.tags.reasons[static_cast<std::size_t>(b.index("relu0"))] == std::string("cross-unit"));
+  // Control: the same graph with the late reader inside layers.0 recomputes relu0.
+  auto same = cross_unit_late_reader("", false);
+  CHECK(policies(same, run(same, kSelective))["relu0"] == "PREFER_RECOMPUTE");
+}
+
+TEST_CASE("cross-unit: the check walks through getitem and wait_tensor projections", "[tagging][cross-unit]") {
+  for (const char* via : {"operator.getitem", "_c10d_functional::wait_tensor.default"}) {
+    INFO("projection " << via);
+    auto b = cross_unit_late_reader(via);
+    auto r = run(b, kSelective);
+    auto p = policies(b, r);
+    CHECK(p["relu0"] == "MUST_SAVE");
+    CHECK(r.tags.reasons[static_cast<std::size_t>(b.index("relu0"))] == std::string("cross-unit"));
+    auto same = cross_unit_late_reader(via, false);
+    CHECK(policies(same, run(same, kSelective))["relu0"] == "PREFER_RECOMPUTE");
+  }
+}

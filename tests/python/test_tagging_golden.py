@@ -21,7 +21,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
-import inspect
 import json
 import os
 from pathlib import Path
@@ -735,13 +734,6 @@ def test_moe_exclude_experts(fake_group):
 # --------------------------------------------------------------------------
 
 
-def _has_tag_only() -> bool:
-    from hyper_ac import backends
-
-    return "tag_only" in inspect.signature(backends.backend).parameters
-
-
-@pytest.mark.skipif(not _has_tag_only(), reason="hyper_ac.backend has no tag_only parameter yet")
 @pytest.mark.parametrize("name", ["gpt2", "llama", "mixtral"])
 def test_tag_only_min_cut_matches_eager(name, monkeypatch):
     import hyper_ac
