@@ -607,9 +607,9 @@ def test_checkpointing_without_reentrant_with_context_fn(ckpt):
     assert (fwd_mode.count, recompute_mode.count) == (2, 1)  # early stop before the last sin
 
 
-def test_use_reentrant_false_accepted(ckpt):
-    """Drop-in: callers pass use_reentrant=False explicitly (PyTorch warns
-    when it is missing); the keyword must not reach the function."""
+def test_use_reentrant_false_accepted():
+    """Drop-in (hyper_ac only): callers pass use_reentrant=False explicitly
+    (PyTorch warns when it is missing); the keyword must not reach the function."""
     x = torch.randn(3, requires_grad=True)
     out = eager.checkpoint(torch.sin, x, use_reentrant=False)
     out.sum().backward()
