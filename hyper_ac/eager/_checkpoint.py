@@ -61,13 +61,29 @@ def _device_context():
     return contextlib.nullcontext()
 
 
+def _resolve_early_stop(early_stop: bool | None) -> bool:
+    """The per-call value wins; without one, PyTorch's ``set_checkpoint_early_stop``."""
+    if early_stop is not None:
+        return early_stop
+    global_value = getattr(torch_checkpoint, "_enable_checkpoint_early_stop", None)
+    return True if global_value is None else bool(global_value)
+
+
+def _resolve_debug(debug: bool) -> bool:
+    """PyTorch's rule: ``set_checkpoint_debug_enabled`` (when not None) overrides ``debug``."""
+    global_value = getattr(torch_checkpoint, "_checkpoint_debug_enabled", None)
+    return debug if global_value is None else bool(global_value)
+
+
 def checkpoint(
     fn: Callable[..., Any],
     *args: Any,
-    early_stop: bool = True,
+    early_stop: bool | None = None,
     context_fn: Callable[[], tuple[ContextManager, ContextManager]] | None = None,
     determinism_check: str = "default",
+    debug: bool = False,
     preserve_rng_state: bool = True,
+    use_reentrant: bool | None = None,
     **kwargs: Any,
 ) -> Any:
     """Run ``fn(*args, **kwargs)`` without keeping its activations.
@@ -82,29 +98,54 @@ def checkpoint(
     that session instead.
 
     Args:
-        early_stop: stop the replay as soon as every saved tensor exists
-            (this call only; PyTorch's global ``set_checkpoint_early_stop``
-            is not consulted).
+        early_stop: stop the replay as soon as every saved tensor exists.
+            A value passed here applies to this call and wins; ``None`` (the
+            default) follows ``torch.utils.checkpoint.set_checkpoint_early_stop``
+            as active during this forward, and is ``True`` outside it.
         context_fn: returns ``(forward_ctx, replay_ctx)``; e.g.
             ``functools.partial(torch.utils.checkpoint.create_selective_checkpoint_contexts, policy)``.
         determinism_check: ``"default"`` compares shape, dtype and device of
             every replayed tensor with the forward; ``"none"`` skips it.
+        debug: as in PyTorch: record the operators (with stack traces) of the
+            forward and of each replay, and on a checkpoint error raise a
+            ``CheckpointError`` that prints both logs.
+            ``torch.utils.checkpoint.set_checkpoint_debug_enabled`` overrides
+            it when set. Cannot be combined with ``context_fn``.
         preserve_rng_state: stash and restore RNG state for the replay.
+        use_reentrant: accepted for drop-in use; only ``None`` or ``False``
+            (this is the non-reentrant variant).
+
+    Errors about the replay are ``torch.utils.checkpoint.CheckpointError``
+    (a ``RuntimeError``) with PyTorch's wording.
 
     Under ``torch.compile`` this defers to ``torch.utils.checkpoint``; such
     calls are not collected by ``recompute_handle_collector_ctx``.
     """
-    if not isinstance(early_stop, bool):
-        raise ValueError(f"early_stop must be a bool, got {type(early_stop).__name__}: {early_stop!r}")
+    if use_reentrant is not None and use_reentrant is not False:
+        raise ValueError(
+            "hyper_ac.eager.checkpoint implements the non-reentrant checkpoint only: "
+            f"use_reentrant must be False or left out, got {use_reentrant!r}; use "
+            "torch.utils.checkpoint.checkpoint(..., use_reentrant=True) for the reentrant variant")
+    if early_stop is not None and not isinstance(early_stop, bool):
+        raise ValueError(
+            f"early_stop must be a bool or None, got {type(early_stop).__name__}: {early_stop!r}")
+    if not isinstance(debug, bool):
+        raise ValueError(f"debug must be a bool, got {type(debug).__name__}: {debug!r}")
     if not isinstance(preserve_rng_state, bool):
         raise ValueError(
             f"preserve_rng_state must be a bool, got {type(preserve_rng_state).__name__}")
     if determinism_check not in _frame.METADATA_FNS:
         raise ValueError(
-            f"determinism_check must be one of {sorted(_frame.METADATA_FNS)}, "
-            f"got {determinism_check!r}")
+            f"determinism_check should be one of {list(_frame.METADATA_FNS)}, "
+            f"but got {determinism_check}")
     if context_fn is not None and not callable(context_fn):
         raise ValueError("context_fn must be callable or None")
+    if context_fn is torch_checkpoint.noop_context_fn:
+        context_fn = None  # PyTorch's default, passed explicitly
+    early_stop = _resolve_early_stop(early_stop)
+    debug = _resolve_debug(debug)
+    if debug and context_fn is not None:
+        raise ValueError("debug=True is incompatible with non-default context_fn")
 
     if _is_tracing():
         # Only pass what differs from PyTorch's defaults: Dynamo's handling of
@@ -116,6 +157,8 @@ def checkpoint(
             options["determinism_check"] = determinism_check
         if not early_stop:
             options["early_stop"] = early_stop
+        if debug:
+            options["debug"] = debug
         if not preserve_rng_state:
             options["preserve_rng_state"] = preserve_rng_state
         return torch_checkpoint.checkpoint(fn, *args, use_reentrant=False, **options, **kwargs)
@@ -130,7 +173,13 @@ def checkpoint(
 
     in_replay = _frame.replay_in_progress()  # replays are not collected
 
-    if context_fn is not None:
+    unpack_error_cb = None
+    if debug:
+        # PyTorch's own debug machinery: operator logs with stack traces of the
+        # forward and of the replay, printed when a checkpoint error is raised.
+        debug_context_fn, unpack_error_cb = torch_checkpoint._get_debug_context_and_cb()
+        forward_ctx, replay_ctx = debug_context_fn()
+    elif context_fn is not None:
         forward_ctx, replay_ctx = context_fn()
     else:
         forward_ctx, replay_ctx = contextlib.nullcontext(), contextlib.nullcontext()
@@ -173,6 +222,7 @@ def checkpoint(
 
     frame = _frame.Frame(run_replay, early_stop, _frame.METADATA_FNS[determinism_check],
                          has_context_fn=context_fn is not None)
+    frame.unpack_error_cb = unpack_error_cb
     frame.preserve_rng_state = preserve_rng_state
     frame.device_type = device_type
     frame.rng_devices = devices
@@ -192,12 +242,14 @@ def checkpoint(
         stack.pop()
     if suppressed:
         raise RuntimeError(
-            "hyper_ac.eager.checkpoint: the forward context returned by context_fn "
-            "suppressed an exception raised by the checkpointed function")
+            "hyper_ac.eager.checkpoint: the forward context provided by context_fn "
+            "suppressed an exception raised during the checkpointed forward. This is "
+            "not supported because checkpoint cannot return a value for a failed forward.")
     frame.forward_completed = True
     if preserve_rng_state and not had_device and getattr(device_module, "_initialized", False):
         raise RuntimeError(
-            f"hyper_ac.eager.checkpoint: the {device_type} device was initialised "
-            "inside the checkpointed function, so its RNG state could not be "
-            "saved for the replay; initialise it before the checkpoint")
+            f"hyper_ac.eager.checkpoint: PyTorch's device state was initialized in the "
+            f"forward pass of a Checkpoint, which is not allowed (the {device_type} device "
+            "was initialised inside the checkpointed function, so its RNG state could "
+            "not be saved for the replay); initialise it before the checkpoint")
     return out

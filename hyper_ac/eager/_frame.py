@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import torch
 from torch._C._autograd import _make_saved_tensor
+from torch.utils.checkpoint import CheckpointError
 
 __all__: list[str] = []
 
@@ -99,8 +100,10 @@ def _native_key():
     return gid
 
 
-def _tensor_meta(x: torch.Tensor):
-    return (tuple(x.shape), x.dtype, x.device)
+def _tensor_meta(x: torch.Tensor) -> dict[str, Any]:
+    # The same metadata, in the same form, as torch.utils.checkpoint compares
+    # (so the error text matches PyTorch's).
+    return {"shape": x.shape, "dtype": x.dtype, "device": x.device}
 
 
 METADATA_FNS: dict[str, Callable[[torch.Tensor], Any] | None] = {
@@ -148,6 +151,9 @@ class Frame:
         self.replayed: set[Any] = set()
         self.forward_completed = False
         self.ignore_count_mismatch = False
+        # debug=True: PyTorch's callback that re-raises a CheckpointError with
+        # the operator logs of the forward and the replay.
+        self.unpack_error_cb: Callable[[CheckpointError], Any] | None = None
         # Written only by the session control plane (under its lock); read
         # without a lock by the unpack hook.
         self.active_session = None
@@ -209,6 +215,15 @@ class Frame:
         return holder
 
     def unpack(self, holder: _Holder) -> torch.Tensor:
+        if self.unpack_error_cb is None:
+            return self._unpack(holder)
+        try:
+            return self._unpack(holder)
+        except CheckpointError as error:
+            self.unpack_error_cb(error)
+            raise
+
+    def _unpack(self, holder: _Holder) -> torch.Tensor:
         session = self.active_session
         key = session if session is not None else _native_key()
         if key not in self.replayed:
@@ -220,18 +235,24 @@ class Frame:
                 "produce a tensor that autograd asked for")
         if slot is None:
             if session is not None:
-                raise RuntimeError(
-                    "hyper_ac.eager.checkpoint: a saved tensor of this checkpoint "
+                raise CheckpointError(
+                    "hyper_ac.eager.checkpoint: Unpack is being triggered for a tensor "
+                    "that was already unpacked once: a saved tensor of this checkpoint "
                     f"was already consumed in recompute session {session.session_id!r}, "
                     "which does not retain tensors on unpack. Use "
                     "recompute_session_ctx(..., retain_on_unpack=True) for every "
                     "backward pass except the last one.")
-            raise RuntimeError(
-                "hyper_ac.eager.checkpoint: a saved tensor was unpacked twice in "
-                "the same backward pass, or in two overlapping backward passes "
-                "under one torch.utils.checkpoint.GraphExecGroup (use a recompute "
-                "session with retain_on_unpack=True for that). If you access "
-                "ctx.saved_tensors in a custom backward, do so only once.")
+            extra = ""
+            if _get_graph_exec_group is not None and _get_graph_exec_group() is not None:
+                extra = (
+                    "Performing two backward calls that overlap (i.e. require the same "
+                    "saved activation in order to compute gradients) is not allowed while "
+                    "under the torch.utils.checkpoint.GraphExecGroup context (a recompute "
+                    "session with retain_on_unpack=True allows it). ")
+            raise CheckpointError(
+                "hyper_ac.eager.checkpoint: Unpack is being triggered for a tensor that "
+                f"was already unpacked once. {extra}If you are calling ctx.saved_tensors "
+                "in backward, make sure to do so only once.")
         value = self.recomputed[key][slot]
         if session is None or not session.retain:
             holder.slots[key] = None
@@ -243,7 +264,18 @@ class Frame:
         session = self.active_session
         key = session if session is not None else _native_key()
         if key not in self.replayed:
-            self.replay(key)
+            self.replay_reporting(key)
+
+    def replay_reporting(self, key: Any, scheduled: bool = False) -> None:
+        """``replay``, with checkpoint errors passed to the debug callback."""
+        if self.unpack_error_cb is None:
+            self.replay(key, scheduled)
+            return
+        try:
+            self.replay(key, scheduled)
+        except CheckpointError as error:
+            self.unpack_error_cb(error)
+            raise
 
     def replay(self, key: Any, scheduled: bool = False) -> None:
         if (self.early_stop and not self.weak_holders and self.exclude_needed == 0):
@@ -281,11 +313,13 @@ class Frame:
         if self.ignore_count_mismatch:
             return
         if inv.saved != len(self.weak_holders):
-            raise RuntimeError(
-                "hyper_ac.eager.checkpoint: the replay saved a different number of "
-                f"tensors than the forward (forward: {len(self.weak_holders)}, "
-                f"replay: {inv.saved}). The checkpointed function must run the "
-                "same operations when it is replayed.")
+            raise CheckpointError(
+                "hyper_ac.eager.checkpoint: A different number of tensors was saved "
+                "during the original forward and recomputation.\n"
+                f"Number of tensors saved during forward: {len(self.weak_holders)}\n"
+                f"Number of tensors saved during recomputation: {inv.saved}.\n"
+                "The checkpointed function must run the same operations when it is "
+                "replayed; pass debug=True to see the operators of both runs.")
         if self.metadata_fn is None:
             return
         produced = self.recomputed[key]
@@ -299,21 +333,17 @@ class Frame:
                 continue
             replayed_meta = self.metadata_fn(produced[slot])
             if replayed_meta != self.metas[index]:
-                diffs.append(f"  saved tensor {index}: forward {_fmt_meta(self.metas[index])}, "
-                             f"replay {_fmt_meta(replayed_meta)}")
+                diffs.append(f"tensor at position {index}:\n"
+                             f"saved metadata: {self.metas[index]}\n"
+                             f"recomputed metadata: {replayed_meta}\n")
         if diffs:
-            raise RuntimeError(
-                "hyper_ac.eager.checkpoint: the replay produced tensors whose "
-                "shape/dtype/device differ from the forward (the function is not "
-                "deterministic in its shapes, or global state changed):\n"
-                + "\n".join(diffs))
-
-
-def _fmt_meta(meta: Any) -> str:
-    if isinstance(meta, tuple) and len(meta) == 3:
-        shape, dtype, device = meta
-        return f"shape={list(shape)} dtype={dtype} device={device}"
-    return repr(meta)
+            raise CheckpointError(
+                "hyper_ac.eager.checkpoint: Recomputed values for the following tensors "
+                "have different metadata than during the forward pass.\n"
+                + "".join(diffs)
+                + "The function is not deterministic in its shapes, or global state "
+                "changed between the forward and the replay; pass debug=True to see "
+                "the operators of both runs.")
 
 
 _MISSING = object()
@@ -342,10 +372,11 @@ class _ReplayHooks(torch.autograd.graph.saved_tensors_hooks):
                     # forward: more saves are expected, accept them.
                     target.ignore_count_mismatch = True
                     return x
-                raise RuntimeError(
-                    "hyper_ac.eager.checkpoint: the replay saved more tensors than "
-                    "the forward. The checkpointed function must run the same "
-                    "operations when it is replayed.")
+                raise CheckpointError(
+                    "hyper_ac.eager.checkpoint: trying to save more tensors during "
+                    "recomputation than during the original forward pass. The "
+                    "checkpointed function must run the same operations when it is "
+                    "replayed; pass debug=True to see the operators of both runs.")
             holder = target.weak_holders[index]()
             if holder is not None:
                 slot = _Slot()

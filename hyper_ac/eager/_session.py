@@ -155,7 +155,7 @@ def recompute_handle(handle: RecomputeHandle, session_id: Hashable) -> None:
         if bound is None:
             session.frames.append(frame)
     try:
-        frame.replay(session, scheduled=True)
+        frame.replay_reporting(session, scheduled=True)
     except BaseException:
         with _CONTROL_LOCK:
             _unbind(frame, session)

@@ -257,9 +257,10 @@ def test_early_stop_is_per_call():
     assert tail == {"stop": 1, "full": 2}
 
 
-@pytest.mark.parametrize("bad", [1, None, "yes"])
+@pytest.mark.parametrize("bad", [1, "yes"])
 def test_early_stop_must_be_bool(bad):
-    with pytest.raises(ValueError, match="early_stop must be a bool"):
+    # None is valid: it means "follow torch.utils.checkpoint.set_checkpoint_early_stop".
+    with pytest.raises(ValueError, match="early_stop must be a bool or None"):
         checkpoint(torch.sin, torch.randn(2), early_stop=bad)
 
 
@@ -278,7 +279,8 @@ def test_determinism_check_reports_different_shapes():
 
     x = torch.randn(5, requires_grad=True)
     out = checkpoint(fn, x)
-    with pytest.raises(RuntimeError, match=r"shape=\[4\].*shape=\[3\]"):
+    with pytest.raises(torch_ckpt.CheckpointError,
+                       match=r"(?s)different metadata.*torch.Size\(\[4\]\).*torch.Size\(\[3\]\)"):
         out.backward()
 
 
@@ -1007,3 +1009,86 @@ def test_deferred_input_object():
     t = torch.ones(2)
     deferred.bind(t)
     assert deferred.get() is t
+
+
+# --------------------------------------------------------------------------
+# drop-in parity with torch.utils.checkpoint (see also test_eager_torch_parity.py)
+
+
+def _tail_counter():
+    lin = torch.nn.Linear(4, 4)
+    calls = {"n": 0}
+
+    def fn(x):
+        y = lin(x).sin()  # last tensor saved for backward
+        calls["n"] += 1  # runs after the last save: only without early stop
+        return y
+    return fn, calls
+
+
+@pytest.mark.parametrize("global_setting, per_call, replays_to_end", [
+    (None, None, False),   # default: early stop
+    (False, None, True),   # no per-call value: the global setting applies
+    (True, None, False),
+    (False, True, False),  # a per-call value wins over the global setting
+    (True, False, True),
+])
+def test_early_stop_follows_set_checkpoint_early_stop_unless_passed(global_setting, per_call,
+                                                                   replays_to_end):
+    fn, calls = _tail_counter()
+    x = torch.randn(2, 4, requires_grad=True)
+    ctx = (torch_ckpt.set_checkpoint_early_stop(global_setting)
+           if global_setting is not None else contextlib.nullcontext())
+    with ctx:
+        out = checkpoint(fn, x) if per_call is None else checkpoint(fn, x, early_stop=per_call)
+    out.sum().backward()  # outside the context: the forward's setting counts, as in PyTorch
+    assert calls["n"] == (2 if replays_to_end else 1)
+
+
+def test_use_reentrant_true_is_rejected_and_false_accepted():
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(ValueError, match="non-reentrant checkpoint only"):
+        checkpoint(torch.sin, x, use_reentrant=True)
+    checkpoint(torch.sin, x, use_reentrant=False).sum().backward()
+    assert torch.equal(x.grad, x.detach().cos())
+
+
+def test_debug_must_be_bool_and_is_not_passed_to_fn():
+    with pytest.raises(ValueError, match="debug must be a bool"):
+        checkpoint(torch.sin, torch.randn(2), debug="yes")
+    seen = {}
+
+    def fn(x, **kwargs):
+        seen.update(kwargs)
+        return x.sin()
+
+    x = torch.randn(3, requires_grad=True)
+    checkpoint(fn, x, debug=False).sum().backward()
+    assert seen == {}
+
+
+def test_debug_error_in_prefired_session_shows_operator_logs():
+    import logging
+    logger = logging.getLogger("LoggingTensor")
+    saved = list(logger.handlers)  # pytest's capture handler cannot format these records
+    for handler in saved:
+        logger.removeHandler(handler)
+    try:
+        calls = {"n": 0}
+
+        def fn(x):
+            calls["n"] += 1
+            return (x.sin().cos() if calls["n"] == 1 else x.sin()).exp()
+
+        x = torch.randn(3, requires_grad=True)
+        with recompute_handle_collector_ctx() as handles:
+            checkpoint(fn, x, debug=True)
+        with pytest.raises(torch_ckpt.CheckpointError, match="passed `debug=True`") as info:
+            recompute_handle(handles[0], "dbg")
+        assert "A different number of tensors was saved" in str(info.value.__cause__)
+    finally:
+        clear_recompute_session("dbg")
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        for handler in saved:
+            logger.addHandler(handler)
