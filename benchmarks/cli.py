@@ -131,7 +131,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.core_nodes:
         scaling_opts.core_nodes = args.core_nodes
     # the references run first so every ratio can be computed
-    order = [s for s in ("none", "eager", "torch_mincut") if s in strategies]
+    order = [s for s in ("none", "eager", "torch_mincut", "inductor") if s in strategies]
     strategies = tuple(order + [s for s in strategies if s not in order])
 
     from hyper_ac import memory

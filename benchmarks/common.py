@@ -25,8 +25,35 @@ STRATEGIES = (
     "selective",
     "auto",
     "budget",
+    "inductor",            # stock torch.compile (Inductor, its own min-cut partitioner)
+    "inductor_off",        # hyper_ac.backend(config with compiler: inductor, compiler="inductor"), each mode
+    "inductor_full",
+    "inductor_selective",
+    "inductor_auto",
+    "inductor_budget",
+    "ckpt_aot_eager",      # the model's own per-layer torch.utils.checkpoint(use_reentrant=False), stock aot_eager
+    "ckpt_off",            # the same model under hyper_ac.backend (eager compiler), off / auto
+    "ckpt_auto",
 )
 HAC_MODES = ("full", "selective", "auto", "budget")
+INDUCTOR = ("inductor", "inductor_off", "inductor_full", "inductor_selective", "inductor_auto", "inductor_budget")
+CKPT = ("ckpt_aot_eager", "ckpt_off", "ckpt_auto")
+# Every strategy that runs hyper_ac.backend: strategy -> (mode, compiler, model checkpoints its layers).
+HAC_STRATEGIES = {
+    **{m: (m, "eager", False) for m in HAC_MODES},
+    **{f"inductor_{m}": (m, "inductor", False) for m in ("off", *HAC_MODES)},
+    "ckpt_off": ("off", "eager", True),
+    "ckpt_auto": ("auto", "eager", True),
+}
+
+
+def reference_of(strategy: str) -> str:
+    """The strategy whose loss and gradients a strategy is compared with."""
+    if strategy in EAGER:
+        return "eager"
+    if strategy in INDUCTOR:
+        return "inductor"  # fusion changes rounding: compared with allclose
+    return "none"
 TORCH_AOT = ("none", "torch_mincut", "torch_budget")
 EAGER = ("eager", "eager_ckpt")
 DEFAULT_MODELS = ("transformer", "gpt2", "llama", "mixtral", "bert")
@@ -259,6 +286,14 @@ def hac_config(mode: str) -> dict:
     from hyper_ac.config import mode_config
 
     return mode_config(mode)
+
+
+def hac_strategy_config(strategy: str) -> Any:
+    """The validated config of a hyper_ac strategy, with its compiler set."""
+    from hyper_ac.config import load_config
+
+    mode, compiler, _ = HAC_STRATEGIES[strategy]
+    return load_config(hac_config(mode)).with_compiler(compiler)
 
 
 def budget_fraction() -> float:

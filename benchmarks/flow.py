@@ -1,4 +1,5 @@
-"""Part 2c: the core's max-flow against ``networkx.minimum_cut`` on the same flow network (built here in Python for now)."""
+"""Part 2c: the core's max-flow against ``networkx.minimum_cut`` on the same flow network (the core's own export,
+``_core.flow_network``, so the benchmark restates none of the core's rules)."""
 
 from __future__ import annotations
 
@@ -9,140 +10,72 @@ import traceback
 from typing import Callable, Sequence
 
 from benchmarks.common import (ScalingOptions, _best, _first_line, _progress, _ratio, _solve_seconds, best_plan,
-                               cli_timings)
+                               cli_timings, hac_strategy_config)
 
 # --------------------------------------------------------------------------
 # part 2c: the core's max-flow vs networkx on the same network
 # --------------------------------------------------------------------------
 
-_CPU_PEAK_FLOPS = 1.0e11
-_CPU_BANDWIDTH = 2.0e10
 _LAMBDA = 1.0e10
 
 
-def build_flow_network(doc: dict, plan: dict, *, lam: float = _LAMBDA, peak_flops: float = _CPU_PEAK_FLOPS,
-                       bandwidth: float = _CPU_BANDWIDTH, must_save_ops: Sequence[str] = ()):
-    """The min-cut network of docs/mincut.md as a networkx DiGraph.
+def parse_dimacs(text: str):
+    """The core's exported network (``_core.flow_network``, docs/mincut.md) as a networkx DiGraph.
 
-    Tags come from the core's auto plan (``MUST_SAVE``/untagged: never
-    recomputed; ``MUST_RECOMPUTE``, eligible views: never saved); a
-    ``PREFER_*`` node whose operator is in the op table's ``must_save`` list
-    (tagged ``PREFER_SAVE`` under auto) pays twice for recompute. Recompute
-    cost is the cpu-profile roofline times ``lam``; save cost the output
-    bytes. Free nodes are left out; zero-cost single-input nodes (views,
-    getitem) collapse onto their input, as the core's shrinking does.
-    Returns ``(graph, source, sink, info)``; arcs without ``capacity`` are
-    infinite.
+    Returns ``(graph, source, sink, info)``: capacities as the core's solver
+    uses them (infinite arcs carry the written INF value), ``info`` with the
+    vertex counts, the ``c vertex`` names (``vin``/``vout``: node name -> vertex)
+    and the core's ``c max_flow``.
     """
     import networkx as nx
 
-    nodes = doc["nodes"]
-    policies = plan.get("policies", {})
-    fwd = [n["phase"] == "forward" for n in nodes]
-    nbytes = [sum(o["bytes"] for o in n.get("outputs", [])) for n in nodes]
-    output_reads = set()
-    read_by_bwd = set()
-    for n in nodes:
-        if n["kind"] == "output":
-            output_reads.update(n["inputs"])
-        elif n["phase"] == "backward":
-            read_by_bwd.update(i for i in n["inputs"] if fwd[i])
-
-    def base_op(target: str) -> str:
-        return target.rsplit(".", 1)[0] if target.count(".") >= 1 and "::" in target else target
-
-    free = [False] * len(nodes)
-    for n in nodes:
-        i = n["id"]
-        if not fwd[i]:
-            continue
-        if n["kind"] in ("placeholder", "get_attr") or i in output_reads:
-            free[i] = True
-        elif n.get("aliased_inputs") or n.get("view"):
-            positions = n.get("aliased_inputs") or [0]
-            free[i] = all(free[n["inputs"][p]] for p in positions if p < len(n["inputs"]))
-
-    def never_recompute(n: dict) -> bool:
-        tag = policies.get(n["name"])
-        return tag in (None, "MUST_SAVE") or n.get("rng") or bool(n.get("recomputed_from"))
-
-    def never_save(n: dict) -> bool:
-        tag = policies.get(n["name"])
-        if tag == "MUST_RECOMPUTE":
-            return True
-        eligible = tag is not None and not never_recompute(n)
-        if eligible and n.get("view") and n["target"] != "operator.getitem":
-            return True
-        return eligible and not n.get("outputs") and not n.get("symint")
-
-    def seconds(n: dict) -> float:
-        if n["kind"] != "call_function" or n.get("view") or n["target"] == "operator.getitem" or n.get("symint"):
-            return 0.0
-        moved = nbytes[n["id"]] + sum(nbytes[i] for i in n["inputs"])
-        return max(n.get("flops", 0.0) / peak_flops, moved / bandwidth)
-
-    # candidates: what the backward reads, plus inputs of recomputable candidates
-    cand = set()
-    stack = [i for i in read_by_bwd if not free[i]]
-    while stack:
-        i = stack.pop()
-        if i in cand or free[i] or not fwd[i]:
-            continue
-        cand.add(i)
-        if not never_recompute(nodes[i]):
-            stack.extend(u for u in nodes[i]["inputs"] if fwd[u] and not free[u])
-
     g = nx.DiGraph()
-    S, T = "S", "T"
     vin: dict = {}
     vout: dict = {}
-    must_save = set(must_save_ops)
-    for i in sorted(cand):
-        n = nodes[i]
-        net_inputs = [u for u in n["inputs"] if u in cand]
-        cost = seconds(n)
-        if cost == 0.0 and len(net_inputs) == 1 and not never_recompute(n):
-            vin[i] = vout[i] = vout[net_inputs[0]]
+    max_flow = None
+    source = sink = None
+    vertices = arcs = 0
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts:
             continue
-        nr, ns = never_recompute(n), never_save(n)
-        a = S if nr else ("in", i)
-        b = a if ns else ("out", i)
-        vin[i], vout[i] = a, b
-        if not nr:
-            factor = 2.0 if base_op(n["target"]) in must_save else 1.0
-            cap = lam * cost * factor
-            g.add_edge(S, a, capacity=max(1, int(round(cap))) if cap > 0 else 0)
-        if not ns:
-            g.add_edge(a, b, capacity=1 if n.get("symint") else nbytes[i])
-        for u in net_inputs:
-            if not nr:
-                if vout[u] != a:
-                    g.add_edge(vout[u], a)  # infinite
-    for i in read_by_bwd:
-        if i in cand and vout[i] != S:
-            g.add_edge(vout[i], T)
-    g.add_node(S)
-    g.add_node(T)
-    info = {"vertices": g.number_of_nodes(), "edges": g.number_of_edges(), "candidates": len(cand),
-            "vin": vin, "vout": vout, "bytes": nbytes}
-    return g, S, T, info
+        if parts[0] == "p":
+            vertices, arcs = int(parts[2]), int(parts[3])
+            g.add_nodes_from(range(1, vertices + 1))
+        elif parts[0] == "n":
+            if parts[2] == "s":
+                source = int(parts[1])
+            else:
+                sink = int(parts[1])
+        elif parts[0] == "a":
+            u, v, cap = int(parts[1]), int(parts[2]), int(parts[3])
+            if g.has_edge(u, v):  # parallel arcs add up
+                g[u][v]["capacity"] += cap
+            else:
+                g.add_edge(u, v, capacity=cap)
+        elif parts[:2] == ["c", "vertex"]:
+            (vin if parts[4] == "in" else vout)[parts[3]] = int(parts[2])
+        elif parts[:2] == ["c", "max_flow"]:
+            max_flow = int(parts[2])
+    if source is None or sink is None:
+        raise ValueError("flow network text without 'n V s' / 'n V t' lines")
+    info = {"vertices": vertices, "edges": arcs, "candidates": len(vin), "vin": vin, "vout": vout,
+            "core_max_flow": max_flow}
+    return g, source, sink, info
 
 
-def recomputed_by_cut(doc: dict, info: dict, source_side: set) -> set:
-    """Names of the nodes a cut of :func:`build_flow_network`'s network recomputes (in-vertex on the sink side)."""
-    nodes = doc["nodes"]
-    return {nodes[i]["name"] for i, a in info["vin"].items() if a != "S" and a not in source_side}
+def recomputed_by_cut(info: dict, source_side: set, source: int) -> set:
+    """Names of the nodes a cut recomputes: in-vertex on the sink side (the source is never there)."""
+    return {name for name, v in info["vin"].items() if v != source and v not in source_side}
 
 
-def saved_bytes_of_cut(info: dict, source_side: set) -> int:
-    """Bytes saved by a cut of :func:`build_flow_network`'s network (in-vertex on S, out-vertex on T)."""
+def saved_bytes_of_cut(info: dict, source_side: set, nbytes: dict) -> int:
+    """Bytes a cut saves: nodes with the in-vertex on the source side and a distinct out-vertex on the sink side."""
     total = 0
-    for i, a in info["vin"].items():
-        b = info["vout"][i]
-        if a == b:
-            continue  # never saved, or collapsed onto its input
-        if (a == "S" or a in source_side) and b not in source_side:
-            total += info["bytes"][i]
+    for name, a in info["vin"].items():
+        b = info["vout"][name]
+        if a != b and a in source_side and b not in source_side:
+            total += nbytes.get(name, 0)
     return total
 
 
@@ -161,13 +94,13 @@ def run_flow_comparison(graphs: list, opts: ScalingOptions, log: Callable[[str],
     from hyper_ac.config import op_policy_json
     from hyper_ac.serialize import serialize_graph, to_json
 
-    table = json.loads(op_policy_json())
-    must_save_ops = [op.rsplit(".", 1)[0] if "." in op.split("::")[-1] else op for op in table.get("must_save", [])]
+    config_json = hac_strategy_config("auto").to_json()
+    policy_json = op_policy_json()
     rows = []
     for source, layers, gm, _nfo in _progress(graphs, desc="max-flow", unit="graph"):
         row: dict = {"source": source, "layers": layers, "nodes": len(gm.graph.nodes)}
         try:
-            doc = serialize_graph(gm)  # full form: what build_flow_network reads
+            doc = serialize_graph(gm)  # full form: output bytes by node name
             text = to_json(gm)  # the wire form hyper_ac sends the core (same node ids)
             reps = 5 if row["nodes"] < 20_000 else 3
             row["core_parse_seconds"], _ = _best(lambda: _core.graph_summary(text), reps)
@@ -181,19 +114,21 @@ def run_flow_comparison(graphs: list, opts: ScalingOptions, log: Callable[[str],
                     row["core_solve_seconds"] = timings["mincut"]
                     row["core_solve_source"] = "hyper-ac-plan --timings (min-cut stage)"
             row["core_saved_bytes"] = plan.get("stats", {}).get("saved_bytes_after")
+            row["lambda"] = plan.get("stats", {}).get("lambda") or _LAMBDA
             t0 = time.perf_counter()
-            lam = plan.get("stats", {}).get("lambda") or _LAMBDA
-            row["lambda"] = lam
-            g, s, t, info = build_flow_network(doc, plan, lam=lam, must_save_ops=must_save_ops)
-            row["network_build_seconds"] = time.perf_counter() - t0
+            g, s, t, info = parse_dimacs(_core.flow_network(text, config_json, policy_json))
+            row["network_build_seconds"] = time.perf_counter() - t0  # the core's export + parsing the text
             row.update({f"network_{k}": info[k] for k in ("vertices", "edges", "candidates")})
             t0 = time.perf_counter()
             cut_value, (reach, _) = nx.minimum_cut(g, s, t)
             row["networkx_seconds"] = time.perf_counter() - t0
             row["networkx_cut_value"] = cut_value
-            row["networkx_saved_bytes"] = saved_bytes_of_cut(info, set(reach))
+            row["core_max_flow"] = info["core_max_flow"]
+            row["same_flow"] = cut_value == info["core_max_flow"]
+            nbytes = {n["name"]: sum(o["bytes"] for o in n.get("outputs", [])) for n in doc["nodes"]}
+            row["networkx_saved_bytes"] = saved_bytes_of_cut(info, set(reach), nbytes)
             core_recomputed = {d["of"] for d in plan.get("duplicates", [])}
-            nx_recomputed = recomputed_by_cut(doc, info, set(reach))
+            nx_recomputed = recomputed_by_cut(info, set(reach), s)
             row["core_recomputed"] = len(core_recomputed)
             row["networkx_recomputed"] = len(nx_recomputed)
             row["same_cut"] = core_recomputed == nx_recomputed

@@ -9,7 +9,8 @@ import functools
 import time
 from typing import Any, Callable, Iterable, Optional
 
-from benchmarks.common import EAGER, HAC_MODES, _int_bytes, _quiet, budget_fraction, graph_flops, hac_config
+from benchmarks.common import (CKPT, EAGER, HAC_MODES, HAC_STRATEGIES, INDUCTOR, _int_bytes, _quiet, budget_fraction,
+                               graph_flops, hac_strategy_config)
 
 # --------------------------------------------------------------------------
 # instrumentation: one probe per (model, strategy)
@@ -153,10 +154,22 @@ def _make_step_fn(strategy: str, model: Any, probe: _Probe, runner: str = "boxed
             _enable_eager_checkpoint(model, probe)
         return model
 
-    if strategy in HAC_MODES:
+    if strategy in CKPT:
+        checkpoint_layers(model)
+    if strategy == "inductor":
+        return torch.compile(model, fullgraph=True)  # stock: Inductor with its own partitioner
+    if strategy == "ckpt_aot_eager":
+        return torch.compile(model, backend="aot_eager", fullgraph=True)
+    if strategy in HAC_STRATEGIES:
         import hyper_ac
 
-        backend = hyper_ac.backend(hac_config(strategy), model=model, on_result=probe.results.append)
+        _, compiler, _ = HAC_STRATEGIES[strategy]
+        backend = hyper_ac.backend(hac_strategy_config(strategy), model=model, compiler=compiler,
+                                   on_result=probe.results.append)
+        if strategy in INDUCTOR or strategy in CKPT:
+            # Measured as a user runs it: peak, step time, gradients and the plan
+            # (on_result); the backend's own compilers are kept.
+            return torch.compile(model, backend=backend, fullgraph=True)
     else:
         def run_as_fx(gm, _example_inputs):
             return make_boxed_func(gm.forward)
@@ -201,6 +214,25 @@ def joint_run_peak(probe: _Probe) -> Optional[int]:
     with torch.no_grad():
         _, tracker = memory.run_graph(gm, *args)
     return tracker.peak_bytes
+
+
+def checkpoint_layers(model: Any) -> None:
+    """The model's own per-layer torch.utils.checkpoint(use_reentrant=False), as a user turns it on
+    (HF: gradient checkpointing; TinyTransformer: each block's forward wrapped). Traceable by dynamo."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        return
+    if hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return
+    layers = getattr(model, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise RuntimeError(f"{type(model).__name__}: no `layers` ModuleList to checkpoint")
+    for block in layers:
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
 
 
 def _enable_eager_checkpoint(model: Any, probe: _Probe) -> None:

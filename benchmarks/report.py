@@ -6,7 +6,7 @@ import csv
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from benchmarks.common import HAC_MODES, MEMORY_TRUTH_MODELS, MiB
+from benchmarks.common import CKPT, HAC_MODES, INDUCTOR, MEMORY_TRUTH_MODELS, MiB
 
 # --------------------------------------------------------------------------
 # outputs
@@ -23,7 +23,8 @@ STEP_COLUMNS = [
     "hac_simulated_peak_after", "hac_simulated_activation_peak_before", "hac_simulated_activation_peak_after",
     "simulated_activation_peak", "simulated_vs_measured_pct", "joint_run_peak_bytes", "simulated_vs_joint_run_pct",
     "joint_run_error", "hac_lambda",
-    "hac_budget_bytes", "hac_budget_met", "hac_warnings", "wall_seconds",
+    "hac_budget_bytes", "hac_budget_met", "hac_warnings", "wall_seconds", "grads_allclose",
+    "peak_bytes_vs_inductor", "step_seconds_vs_inductor", "peak_bytes_vs_ckpt_aot_eager", "step_seconds_vs_ckpt_aot_eager",
 ]
 
 
@@ -100,6 +101,29 @@ def render_markdown(meta: dict, step_rows: list[dict], pareto: dict, scaling: li
                 _x(r.get("step_seconds_vs_none")), _ms(r.get("plan_seconds")), _x(r.get("plan_seconds_vs_mincut")),
                 _yn(same)])
         out += [_md_table(header, body), ""]
+
+        stock = [r for r in step_rows if r["strategy"] in INDUCTOR or r["strategy"] in CKPT]
+        if stock:
+            out += ["### Inductor and models that checkpoint themselves", "",
+                    "`inductor`: stock `torch.compile` (Inductor, its own partitioner); `inductor_<mode>`: "
+                    "`hyper_ac.backend(config with compiler: inductor, compiler=\"inductor\")`. `ckpt_*`: the model's "
+                    "own per-layer `torch.utils.checkpoint(use_reentrant=False)`, under stock `aot_eager` or "
+                    "`hyper_ac.backend` (eager compiler). ×stock: ratio to `inductor` / `ckpt_aot_eager`. Gradients: "
+                    "`allclose` (rtol 1e-4, atol 1e-5) to the reference (`inductor`: fusion changes rounding; `ckpt_*`: `none`).",
+                    ""]
+            header = ["model", "strategy", "peak MiB", "×stock", "step ms (median)", "×stock", "dups", "grads allclose"]
+            body = []
+            for r in stock:
+                if r.get("status") != "ok":
+                    body.append([r["model"], r["strategy"], f"error: {r.get('error', '')}".replace("|", "\\|")] + [""] * 5)
+                    continue
+                ck = r["strategy"] in CKPT
+                body.append([r["model"], r["strategy"], _mib(r.get("peak_bytes")),
+                             _x(r.get("peak_bytes_vs_ckpt_aot_eager" if ck else "peak_bytes_vs_inductor")),
+                             _ms(r.get("step_seconds")),
+                             _x(r.get("step_seconds_vs_ckpt_aot_eager" if ck else "step_seconds_vs_inductor")),
+                             str(r.get("hac_nodes_duplicated", "–")), _yn(r.get("grads_allclose"))])
+            out += [_md_table(header, body), ""]
 
         hac = [r for r in step_rows if r.get("status") == "ok" and r["strategy"] in HAC_MODES]
         if hac:
@@ -206,10 +230,10 @@ def render_markdown(meta: dict, step_rows: list[dict], pareto: dict, scaling: li
         out.append("")
     if flow_rows:
         out += ["### Max-flow: core vs networkx on the same network", "",
-                "networkx = `networkx.minimum_cut` (preflow-push) on the min-cut network of docs/mincut.md, rebuilt "
-                "in Python from the graph JSON and the core's auto-mode tags (`benchmarks.flow.build_flow_network`). "
-                "Same network check: networkx's cut recomputes exactly the nodes the core's plan duplicates "
-                "(λ = the plan's `lambda`). "
+                "networkx = `networkx.minimum_cut` (preflow-push) on the min-cut network the core itself exports "
+                "(`_core.flow_network`: DIMACS text with the core's integer capacities, docs/mincut.md), so nothing "
+                "of the core's rules is restated here. Same network check: networkx's cut recomputes exactly the "
+                "nodes the core's plan duplicates, and its flow equals the core's `c max_flow`. "
                 "Core solve = the min-cut stage time the core's CLI reports (`hyper-ac-plan --timings`: network "
                 "construction, max-flow and cut read-out) on the same JSON, best of n; the pybind `_core.plan` does "
                 "not return timings. Also shown: the whole `_core.plan` call and the same minus JSON parsing "

@@ -11,7 +11,7 @@ import time
 import traceback
 from typing import Any, Callable, Optional, Sequence
 
-from benchmarks.common import EAGER, HAC_MODES, ModelSpec, _first_line, _loss_of, _median, _progress, _quiet, _ratio, build_batch, build_model
+from benchmarks.common import EAGER, HAC_MODES, HAC_STRATEGIES, INDUCTOR, ModelSpec, reference_of, _first_line, _loss_of, _median, _progress, _quiet, _ratio, build_batch, build_model
 from benchmarks.harness import _Probe, _make_step_fn, _storage_ptrs, joint_run_peak
 
 # --------------------------------------------------------------------------
@@ -41,6 +41,14 @@ def _equal(a: Any, b: Any) -> bool:
     if a is None or b is None:
         return a is None and b is None
     return a.shape == b.shape and torch.equal(a, b)
+
+
+def _close(a: Any, b: Any) -> bool:
+    import torch
+
+    if a is None or b is None:
+        return a is None and b is None
+    return a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
 def _max_diff(xs: list, ys: list) -> float:
@@ -115,7 +123,9 @@ def run_strategy(name: str, strategy: str, opts: StepOptions) -> tuple[dict, Opt
         row["step_seconds_min"] = min(times) if times else None
 
         # FLOPs
-        if strategy in EAGER:
+        if probe.partitions == 0 and strategy not in EAGER:
+            pass  # not instrumented (Inductor, the checkpointed-model rows): no graph FLOPs
+        elif strategy in EAGER:
             from torch.utils.flop_counter import FlopCounterMode
 
             _clear_grads(model)
@@ -139,7 +149,7 @@ def run_strategy(name: str, strategy: str, opts: StepOptions) -> tuple[dict, Opt
         except Exception as exc:  # a diagnostic column: never fail the cell for it
             row["joint_run_error"] = _first_line(exc)
     probe.joint_graph = None
-    if strategy in HAC_MODES:
+    if strategy in HAC_STRATEGIES and HAC_STRATEGIES[strategy][0] != "off":
         if not probe.results:
             raise RuntimeError("hyper_ac backend reported no plan")
         result = probe.results[-1]
@@ -178,7 +188,7 @@ def run_step_benchmark(models: Sequence[str], strategies: Sequence[str], opts: S
             rows.append(row)
             continue
         row["wall_seconds"] = time.perf_counter() - t0
-        family = "eager" if strategy in EAGER else "none"
+        family = reference_of(strategy)
         if strategy == family:
             refs[(name, family)] = (loss, grads)
             if strategy == "none" and probe.joint is not None:
@@ -189,6 +199,7 @@ def run_step_benchmark(models: Sequence[str], strategies: Sequence[str], opts: S
             row["loss_equal"] = bool(_equal(loss, ref[0]))
             row["grads_equal"] = bool(len(grads) == len(ref[1]) and all(_equal(a, b) for a, b in zip(grads, ref[1])))
             row["max_grad_diff"] = _max_diff(grads, ref[1])
+            row["grads_allclose"] = bool(len(grads) == len(ref[1]) and all(_close(a, b) for a, b in zip(grads, ref[1])))
         rows.append(row)
     _add_ratios(rows)
     return rows, extras
@@ -200,10 +211,18 @@ def _add_ratios(rows: list[dict]) -> None:
         if r.get("status") != "ok":
             continue
         base = by_key.get((r["model"], "none"))
+        inductor = by_key.get((r["model"], "inductor"))
+        if inductor is not None and r["strategy"] in INDUCTOR:
+            for key in ("peak_bytes", "step_seconds"):
+                r[f"{key}_vs_inductor"] = _ratio(r.get(key), inductor.get(key))
+        ckpt = by_key.get((r["model"], "ckpt_aot_eager"))
+        if ckpt is not None and r["strategy"].startswith("ckpt_"):
+            for key in ("peak_bytes", "step_seconds"):
+                r[f"{key}_vs_ckpt_aot_eager"] = _ratio(r.get(key), ckpt.get(key))
         eager = by_key.get((r["model"], "eager"))
         mincut = by_key.get((r["model"], "torch_mincut"))
         family_base = eager if r["strategy"] in EAGER else base
-        if family_base is not None:
+        if family_base is not None and "step_flops" in r:
             extra = r.get("step_flops", 0) - family_base.get("step_flops", 0)
             r["recompute_flops"] = max(0.0, extra)
         for key in ("peak_bytes", "saved_bytes", "step_seconds"):

@@ -117,6 +117,7 @@ PYBIND11_MODULE(_core, m) {
     }
     CostOptions cost;
     cost.hardware = config.mincut.hardware;
+    cost.compiler = config.mincut.compiler;
     auto s = score_recompute_set(loaded.graph, recomputed, cost);
     py::dict d;
     d["saved_bytes"] = s.saved_bytes;

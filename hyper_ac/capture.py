@@ -154,6 +154,7 @@ def capture_joint(
     *example_args: Any,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     route: str = "compile",
+    decompositions: Any = None,
     **example_kwargs: Any,
 ) -> CapturedGraph:
     """Capture ``model(*example_args, **example_kwargs)`` → loss → backward as one joint graph.
@@ -164,11 +165,16 @@ def capture_joint(
     :class:`CaptureError` naming dynamo's reason. The model is left as it
     was: no backward runs (``.grad`` untouched), and the compile route, which
     runs the forward once, restores the buffers (e.g. BatchNorm statistics)
-    and the RNG state afterwards.
+    and the RNG state afterwards. ``decompositions`` (compile route): an
+    AOTAutograd decomposition table, e.g. Inductor's
+    ``torch._inductor.decomposition.select_decomp_table()``, to capture the
+    joint graph Inductor's partitioner sees.
     """
     model = _unwrap(model)
     if route == "compile":
-        return _capture_compile(model, example_args, example_kwargs, loss_fn)
+        return _capture_compile(model, example_args, example_kwargs, loss_fn, decompositions)
+    if decompositions is not None:
+        raise ValueError("capture_joint: decompositions are supported on the 'compile' route only")
     if route == "export":
         return _capture_export(model, example_args, example_kwargs, loss_fn)
     raise ValueError(f"unknown capture route {route!r}; use 'compile' or 'export'")
@@ -189,7 +195,8 @@ def _dynamo_errors() -> tuple[type[BaseException], ...]:
     return (dexc.Unsupported, dexc.UserError)
 
 
-def _capture_compile(model: nn.Module, args: tuple, kwargs: dict, loss_fn: Callable | None) -> CapturedGraph:
+def _capture_compile(model: nn.Module, args: tuple, kwargs: dict, loss_fn: Callable | None,
+                     decompositions: Any = None) -> CapturedGraph:
     import torch._dynamo
     import torch._functorch.config as functorch_config
     from torch._dynamo.backends.common import aot_autograd
@@ -209,7 +216,8 @@ def _capture_compile(model: nn.Module, args: tuple, kwargs: dict, loss_fn: Calla
     def identity_compiler(gm: fx.GraphModule, _example_inputs: Any) -> fx.GraphModule:
         return gm
 
-    aot_backend = aot_autograd(fw_compiler=identity_compiler, bw_compiler=identity_compiler, partition_fn=partition)
+    aot_backend = aot_autograd(fw_compiler=identity_compiler, bw_compiler=identity_compiler, partition_fn=partition,
+                               decompositions=decompositions)
 
     def backend(gm: fx.GraphModule, example_inputs: list[Any]):
         rec["dynamo_graph"] = gm

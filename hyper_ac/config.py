@@ -103,6 +103,22 @@ class Config:
     def mode(self) -> str:
         return self.data["activation_checkpoint"]["mode"]
 
+    @property
+    def compiler(self) -> str:
+        """The fusion assumption of the recompute cost: ``eager`` (default) or ``inductor``."""
+        return self.data["activation_checkpoint"].get("compiler", "eager")
+
+    def with_compiler(self, compiler: str) -> "Config":
+        """This config planned for ``compiler`` (``eager`` | ``inductor``); a config
+        that already names a non-default compiler keeps it."""
+        if compiler not in ("eager", "inductor"):
+            raise ConfigError(f"compiler must be 'eager' or 'inductor', got {compiler!r}")
+        if compiler == "eager" or "compiler" in self.data["activation_checkpoint"]:
+            return self
+        data = dict(self.data)
+        data["activation_checkpoint"] = {**data["activation_checkpoint"], "compiler": compiler}
+        return Config(json.loads(_core.validate_config(json.dumps(data))), self.source)
+
     def to_json(self) -> str:
         return json.dumps(self.data, sort_keys=True)
 

@@ -94,7 +94,7 @@ class OpFacts:
     non-written argument.
     """
 
-    __slots__ = ("arg_names", "mutated", "aliased", "view", "rng", "collective", "flop_formula")
+    __slots__ = ("arg_names", "mutated", "aliased", "view", "rng", "collective", "fusible", "flop_formula")
 
     def __init__(self) -> None:
         self.arg_names: list[str] = []
@@ -103,10 +103,28 @@ class OpFacts:
         self.view = False
         self.rng = False
         self.collective = False
+        self.fusible = False
         self.flop_formula: Any = None
 
 
 _FACTS_CACHE: dict[Any, OpFacts] = {}
+
+#: Non-pointwise ops Inductor still fuses into a neighbouring kernel (the
+#: ``fusible`` fact, besides every ``torch.Tag.pointwise`` op and every view):
+#: reductions, factories, converts and copies. ``namespace::name`` of the overload packet.
+FUSIBLE_OPS = frozenset({
+    # reductions
+    "aten::sum", "aten::mean", "aten::amax", "aten::amin", "aten::var_mean", "aten::var", "aten::std",
+    "aten::std_mean", "aten::prod", "aten::argmax", "aten::argmin", "aten::logsumexp", "aten::any", "aten::all",
+    "aten::max", "aten::min", "aten::norm", "aten::linalg_vector_norm",
+    "prims::sum", "prims::var", "prims::amax", "prims::amin", "prims::prod", "prims::xor_sum",
+    # factories
+    "aten::full", "aten::full_like", "aten::zeros", "aten::zeros_like", "aten::ones", "aten::ones_like",
+    "aten::arange", "aten::scalar_tensor", "aten::empty_like", "prims::iota", "prims::full", "prims::full_like",
+    # converts, copies, broadcasts
+    "aten::_to_copy", "aten::clone", "aten::copy", "aten::expand_copy", "aten::lift_fresh_copy",
+    "prims::convert_element_type", "prims::broadcast_in_dim",
+})
 
 
 def _flop_registry() -> dict:
@@ -127,6 +145,8 @@ def op_facts(target: Any) -> OpFacts:
         facts.arg_names = [a.name for a in schema.arguments]
         facts.rng = torch.Tag.nondeterministic_seeded in target.tags
         facts.collective = target.namespace in COLLECTIVE_NAMESPACES
+        packet = f"{target.namespace}::{target._schema.name.split('::')[-1]}"
+        fusible = torch.Tag.pointwise in target.tags or packet in FUSIBLE_OPS
         facts.flop_formula = _flop_registry().get(target.overloadpacket)
 
         ret_sets: set[str] = set()
@@ -156,6 +176,9 @@ def op_facts(target: Any) -> OpFacts:
         facts.mutated = tuple(mutated)
         facts.aliased = tuple(aliased)
         facts.view = view
+        # What Inductor fuses into one kernel: pointwise ops, views/broadcasts,
+        # reductions, factories, converts (never RNG, collectives or mutation).
+        facts.fusible = (fusible or view) and not facts.rng and not facts.collective and not mutated
     elif isinstance(target, torch._ops.HigherOrderOperator):
         facts.rng = target.name() in _RNG_HOPS
         facts.flop_formula = _flop_registry().get(target)

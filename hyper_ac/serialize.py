@@ -242,10 +242,13 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
             if target is operator.getitem:
                 if inputs:
                     entry["aliased_inputs"] = [0]  # the producer's element (same storage)
+                entry["fusible"] = True
             else:
                 facts = op_facts(target)
                 entry["rng"] = facts.rng
                 entry["collective"] = facts.collective
+                if facts.fusible:  # written only when true (docs/graph-format.md)
+                    entry["fusible"] = True
                 if facts.mutated or facts.aliased:
                     pos_of = {n: p for p, n in enumerate(inputs)}
                     entry["mutated_inputs"] = _positions(node, facts, facts.mutated, pos_of)

@@ -178,6 +178,15 @@ HardwareProfile parse_hardware(const json& value, const std::string& key) {
   return profile;
 }
 
+Compiler parse_compiler(const json& value, const std::string& key) {
+  if (!value.is_string()) fail(key, std::string("must be a string (eager or inductor), got ") + value.type_name());
+  const auto name = value.get<std::string>();
+  if (name == "eager") return Compiler::Eager;
+  if (name == "inductor") return Compiler::Inductor;
+  fail(key, "unknown compiler '" + name + "'; use eager (FX code, one kernel per node) or inductor (fused kernels)");
+  return Compiler::Eager;
+}
+
 void parse_lambda(const json& value, const std::string& key, Config& config) {
   if (!value.is_number() || value.is_boolean()) fail(key, std::string("must be a number, got ") + value.type_name());
   double lambda = value.get<double>();
@@ -238,6 +247,8 @@ const std::vector<OptionKey>& option_keys() {
       {"ac_lambda", "", "lambda", [](const json& v, const std::string& k, Config& c) { parse_lambda(v, k, c); }},
       {"ac_hardware", "", "hardware",
        [](const json& v, const std::string& k, Config& c) { c.mincut.hardware = parse_hardware(v, k); }},
+      {"ac_compiler", "", "compiler",
+       [](const json& v, const std::string& k, Config& c) { c.mincut.compiler = parse_compiler(v, k); }},
   };
   return keys;
 }
@@ -385,6 +396,14 @@ OpPolicyTable merge_op_policy(const OpPolicyTable& base, const std::string& over
 
 bool has_budget(const MemoryBudget& budget) { return !std::holds_alternative<std::monostate>(budget); }
 
+const char* to_string(Compiler compiler) {
+  switch (compiler) {
+    case Compiler::Eager: return "eager";
+    case Compiler::Inductor: return "inductor";
+  }
+  return "?";
+}
+
 double effective_lambda(const MinCutConfig& mincut) {
   return mincut.lambda ? *mincut.lambda : mincut.hardware.memory_bandwidth / 4.0;
 }
@@ -414,6 +433,8 @@ std::string config_to_json(const Config& config) {
   section["hardware"] = {{"name", config.mincut.hardware.name},
                          {"peak_flops", config.mincut.hardware.peak_flops},
                          {"memory_bandwidth", config.mincut.hardware.memory_bandwidth}};
+  // Written only when not the default, so eager configs keep their canonical form.
+  if (config.mincut.compiler != Compiler::Eager) section["compiler"] = to_string(config.mincut.compiler);
   json document;
   document["activation_checkpoint"] = section;
   if (!config.op_policy_override.empty()) document["op_policy"] = json::parse(config.op_policy_override);

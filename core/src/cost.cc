@@ -1,10 +1,61 @@
 #include "hyper_ac/cost.h"
 
 #include <algorithm>
+#include <set>
+#include <utility>
 
 #include "hyper_ac/alias.h"
 
 namespace hyper_ac {
+
+namespace {
+
+bool in_group_candidate(const Node& node) {
+  return node.fusible && node.is_forward() && node.kind == NodeKind::CallFunction && !node.rng && !node.symint;
+}
+
+}  // namespace
+
+FusionGroups fusion_groups(const Graph& graph, const CostOptions& options) {
+  const std::size_t n = graph.nodes.size();
+  FusionGroups groups;
+  groups.group.assign(n, -1);
+  groups.materialized.assign(n, 0);
+  if (options.compiler == Compiler::Eager) return groups;
+  // Union-find over fusible -> fusible edges (inputs precede users in graph order).
+  std::vector<std::int32_t> parent(n);
+  for (std::size_t i = 0; i < n; ++i) parent[i] = static_cast<std::int32_t>(i);
+  auto find = [&](std::int32_t x) {
+    while (parent[static_cast<std::size_t>(x)] != x) {
+      parent[static_cast<std::size_t>(x)] = parent[static_cast<std::size_t>(parent[static_cast<std::size_t>(x)])];
+      x = parent[static_cast<std::size_t>(x)];
+    }
+    return x;
+  };
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!in_group_candidate(graph.nodes[i])) continue;
+    for (auto input : graph.nodes[i].inputs) {
+      if (!in_group_candidate(graph.nodes[static_cast<std::size_t>(input)])) continue;
+      auto a = find(input), b = find(static_cast<std::int32_t>(i));
+      if (a != b) parent[static_cast<std::size_t>(std::max(a, b))] = std::min(a, b);
+    }
+  }
+  std::vector<std::int32_t> id_of_root(n, -1);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!in_group_candidate(graph.nodes[i])) continue;
+    auto root = static_cast<std::size_t>(find(static_cast<std::int32_t>(i)));
+    if (id_of_root[root] < 0) id_of_root[root] = static_cast<std::int32_t>(groups.count++);
+    groups.group[i] = id_of_root[root];
+  }
+  // Materialized: some user outside the group (users are built by Graph::finalize;
+  // without them, read the inputs of every node).
+  for (std::size_t u = 0; u < n; ++u)
+    for (auto input : graph.nodes[u].inputs) {
+      auto x = static_cast<std::size_t>(input);
+      if (groups.group[x] >= 0 && groups.group[u] != groups.group[x]) groups.materialized[x] = 1;
+    }
+  return groups;
+}
 
 double recompute_seconds(const Graph& graph, std::int32_t index, const CostOptions& options) {
   const Node& node = graph.nodes.at(static_cast<std::size_t>(index));
@@ -14,9 +65,45 @@ double recompute_seconds(const Graph& graph, std::int32_t index, const CostOptio
   return std::max(node.flops / options.hardware.peak_flops, bytes / options.hardware.memory_bandwidth);
 }
 
+double member_seconds(const Graph& graph, const FusionGroups& groups, std::int32_t index, const CostOptions& options) {
+  const Node& node = graph.nodes.at(static_cast<std::size_t>(index));
+  double seconds = node.flops / options.hardware.peak_flops;
+  if (groups.materialized.at(static_cast<std::size_t>(index)) && !is_view_like(node) && !is_getitem(node))
+    seconds += static_cast<double>(node.output_bytes()) / options.hardware.memory_bandwidth;
+  return seconds;
+}
+
+double read_seconds(const Graph& graph, std::int32_t index, const CostOptions& options) {
+  const Node& node = graph.nodes.at(static_cast<std::size_t>(index));
+  if (node.symint) return 0.0;
+  return static_cast<double>(node.output_bytes()) / options.hardware.memory_bandwidth;
+}
+
 double recompute_seconds(const Graph& graph, const std::vector<std::int32_t>& nodes, const CostOptions& options) {
   double total = 0.0;
-  for (auto node : nodes) total += recompute_seconds(graph, node, options);
+  if (options.compiler == Compiler::Eager) {
+    for (auto node : nodes) total += recompute_seconds(graph, node, options);
+    return total;
+  }
+  const FusionGroups groups = fusion_groups(graph, options);
+  std::vector<char> in_set(graph.nodes.size(), 0);
+  for (auto node : nodes) in_set.at(static_cast<std::size_t>(node)) = 1;
+  std::set<std::pair<std::int32_t, std::int32_t>> reads;  // (input, group)
+  for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
+    if (!in_set[i]) continue;
+    const auto index = static_cast<std::int32_t>(i);
+    const std::int32_t g = groups.group[i];
+    if (g < 0) {
+      total += recompute_seconds(graph, index, options);
+      continue;
+    }
+    total += member_seconds(graph, groups, index, options);
+    for (auto input : graph.nodes[i].inputs) {
+      auto x = static_cast<std::size_t>(input);
+      if (in_set[x] && groups.group[x] == g) continue;  // produced inside the replayed kernel
+      if (reads.emplace(input, g).second) total += read_seconds(graph, input, options);
+    }
+  }
   return total;
 }
 

@@ -265,7 +265,7 @@ TensorFact parse_fact(const json& value, const std::string& where) {
 
 const std::unordered_set<std::string> kNodeKeys = {
     "id", "name", "kind", "target", "inputs", "phase", "outputs", "flops", "module_stack", "rng", "symint",
-    "collective", "view", "subgraph", "mutated", "mutated_inputs", "stack", "aliased_inputs", "role", "policy", "recomputed_from"};
+    "collective", "view", "fusible", "subgraph", "mutated", "mutated_inputs", "stack", "aliased_inputs", "role", "policy", "recomputed_from"};
 
 std::string stack_key(const std::vector<ModuleFrame>& frames) {
   std::string key;
@@ -404,6 +404,7 @@ LoadResult load_graph(const std::string& json_text, const LoadOptions& options) 
     node.symint = get_bool(raw, "symint", where);
     node.collective = get_bool(raw, "collective", where);
     node.view = get_bool(raw, "view", where);
+    node.fusible = get_bool(raw, "fusible", where);
     node.subgraph = get_bool(raw, "subgraph", where);
     node.mutated = get_bool(raw, "mutated", where);
     node.mutated_inputs = get_positions(raw, "mutated_inputs", node.inputs.size(), where);
@@ -456,6 +457,7 @@ std::string graph_to_json(const Graph& graph) {
     raw["symint"] = node.symint;
     raw["collective"] = node.collective;
     raw["view"] = node.view;
+    if (node.fusible) raw["fusible"] = true;  // absent = false (keeps eager-era documents identical)
     raw["subgraph"] = node.subgraph;
     raw["mutated"] = node.mutated;
     raw["mutated_inputs"] = node.mutated_inputs;

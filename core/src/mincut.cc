@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <deque>
 #include <limits>
+#include <map>
+#include <set>
 #include <utility>
 
 #include <boost/graph/boykov_kolmogorov_max_flow.hpp>
@@ -103,6 +105,11 @@ class Solver {
   };
 
   Network build_network(double lambda) const;
+  void add_group_reads(std::int32_t v, std::int32_t in, double lambda, Network& network,
+                       std::map<std::pair<std::int32_t, std::int32_t>, std::int32_t>& read_vertex,
+                       std::vector<std::int32_t>& inputs) const;
+  // Recompute seconds of a set as the network prices it.
+  double set_seconds(const std::vector<std::int32_t>& recomputed, bool biased) const;
   static Capacities scale(const std::vector<Arc>& arcs);
 
   void check_options() const;
@@ -132,7 +139,9 @@ class Solver {
   std::vector<const char*> never_recompute_;      // reason or nullptr
   std::vector<const char*> never_save_;           // reason or nullptr
   std::vector<double> save_bytes_;                // bytes a save keeps alive (bias applied)
-  std::vector<double> seconds_;                   // roofline recompute time (bias applied)
+  std::vector<double> seconds_;                   // roofline recompute time (bias applied); for a
+                                                  // fusion-group member: member_seconds (reads apart)
+  FusionGroups groups_;                           // empty under the eager compiler
   std::vector<char> read_by_backward_;            // network values some backward node reads
   std::vector<char> candidate_;                   // may end on the sink side of the cut
   std::vector<std::int32_t> candidates_;          // ascending
@@ -165,6 +174,7 @@ void Solver::classify() {
   never_save_.assign(n, nullptr);
   save_bytes_.assign(n, 0.0);
   seconds_.assign(n, 0.0);
+  groups_ = fusion_groups(graph_, options_.cost);
 
   std::vector<char> output_read(n, 0);
   for (std::size_t i = 0; i < n; ++i)
@@ -215,7 +225,8 @@ void Solver::classify() {
     double bytes = node.symint ? static_cast<double>(options_.symint_bytes) : static_cast<double>(node.output_bytes());
     if (tag == Policy::PreferRecompute) bytes *= options_.prefer_recompute_factor;
     save_bytes_[i] = bytes;
-    double seconds = recompute_seconds(graph_, index, options_.cost);
+    double seconds = groups_.group[i] >= 0 ? member_seconds(graph_, groups_, index, options_.cost)
+                                           : recompute_seconds(graph_, index, options_.cost);
     if (tag == Policy::PreferSave) seconds *= options_.prefer_save_factor;
     seconds_[i] = seconds;
   }
@@ -419,7 +430,14 @@ Solver::Network Solver::build_network(double lambda) const {
   arcs.reserve(candidates_.size() * 4);
   std::vector<std::int32_t> input_vertices;
   // Deduplicates input vertices per node in O(inputs): stamp[x] = last node that saw x.
-  std::vector<std::int32_t> stamp(2 + 2 * candidates_.size(), kNone);
+  std::size_t read_bound = 0;  // read vertices (fusion groups) are at most the members' input counts
+  if (groups_.count > 0)
+    for (auto v : candidates_) read_bound += graph_.nodes[static_cast<std::size_t>(v)].inputs.size();
+  std::vector<std::int32_t> stamp(2 + 2 * candidates_.size() + read_bound, kNone);
+  // Fusion groups (inductor): one read vertex per (input, group) pair, created
+  // on first use in graph order (docs/mincut.md, "Fusion groups").
+  std::map<std::pair<std::int32_t, std::int32_t>, std::int32_t> read_vertex;
+  std::vector<std::int32_t> read_inputs;
   for (auto v : candidates_) {
     auto i = static_cast<std::size_t>(v);
     input_vertices.clear();
@@ -435,7 +453,7 @@ Solver::Network Solver::build_network(double lambda) const {
     bool own_in = false;
     if (never_recompute_[i]) {
       in = kSource;
-    } else if (cost <= 0.0 && input_vertices.size() <= 1) {
+    } else if (groups_.group[i] < 0 && cost <= 0.0 && input_vertices.size() <= 1) {
       in = input_vertices.empty() ? kSink : input_vertices.front();
     } else {
       in = vertices++;
@@ -454,12 +472,63 @@ Solver::Network Solver::build_network(double lambda) const {
       if (cost > 0.0) arcs.push_back({kSource, in, cost, false});
       for (auto x : input_vertices)
         if (x != kSink && x != in) arcs.push_back({x, in, 0.0, true});
+      if (groups_.group[i] >= 0) add_group_reads(v, in, lambda, network, read_vertex, read_inputs);
     }
     in_vertex[i] = in;
     out_vertex[i] = out;
     if (read_by_backward_[i] && out != kSink) arcs.push_back({out, kSink, 0.0, true});
   }
   return network;
+}
+
+void Solver::add_group_reads(std::int32_t v, std::int32_t in, double lambda, Network& network,
+                             std::map<std::pair<std::int32_t, std::int32_t>, std::int32_t>& read_vertex,
+                             std::vector<std::int32_t>& inputs) const {
+  // Member v reads each distinct input u through r(u, G): r -> v_in is
+  // infinite (recomputing v puts r on the sink side), and the read is paid by
+  // the arc into r: from u_in when u is a recomputable member of the same
+  // group (free when u is replayed in the same kernel), else from the source.
+  const auto i = static_cast<std::size_t>(v);
+  const std::int32_t g = groups_.group[i];
+  inputs.assign(graph_.nodes[i].inputs.begin(), graph_.nodes[i].inputs.end());
+  std::sort(inputs.begin(), inputs.end());
+  inputs.erase(std::unique(inputs.begin(), inputs.end()), inputs.end());
+  for (auto u : inputs) {
+    const double read = lambda * read_seconds(graph_, u, options_.cost);
+    if (read <= 0.0) continue;
+    auto [it, inserted] = read_vertex.emplace(std::make_pair(u, g), kNone);
+    if (inserted) {
+      it->second = network.vertices++;
+      const auto x = static_cast<std::size_t>(u);
+      const std::int32_t u_in = network.in_vertex[x];
+      const bool same_kernel = groups_.group[x] == g && candidate_[x] && u_in != kNone && u_in != kSource;
+      network.arcs.push_back({same_kernel ? u_in : kSource, it->second, read, false});
+    }
+    network.arcs.push_back({it->second, in, 0.0, true});
+  }
+}
+
+double Solver::set_seconds(const std::vector<std::int32_t>& recomputed, bool biased) const {
+  // The cost the network charges for this recompute set (group reads once per
+  // (input, group) pair); `biased` uses seconds_ (PREFER_SAVE factor applied).
+  double total = 0.0;
+  std::vector<char> in_set(graph_.nodes.size(), 0);
+  for (auto v : recomputed) in_set[static_cast<std::size_t>(v)] = 1;
+  std::set<std::pair<std::int32_t, std::int32_t>> reads;
+  for (auto v : recomputed) {
+    const auto i = static_cast<std::size_t>(v);
+    const std::int32_t g = groups_.group[i];
+    total += biased ? seconds_[i]
+                    : (g >= 0 ? member_seconds(graph_, groups_, v, options_.cost)
+                              : recompute_seconds(graph_, v, options_.cost));
+    if (g < 0) continue;
+    for (auto u : graph_.nodes[i].inputs) {
+      const auto x = static_cast<std::size_t>(u);
+      if (in_set[x] && groups_.group[x] == g) continue;
+      if (reads.emplace(u, g).second) total += read_seconds(graph_, u, options_.cost);
+    }
+  }
+  return total;
 }
 
 Cut Solver::solve(double lambda) const {
@@ -512,6 +581,10 @@ Cut Solver::solve(double lambda) const {
       cut.biased_bytes += save_bytes_[i];
       if (tag != Policy::None) cut.policies[i] = never_recompute_[i] ? Policy::MustSave : Policy::PreferSave;
     }
+  }
+  if (groups_.count > 0) {  // fusion groups: the set cost (reads once per group), as the network charged it
+    cut.recompute_seconds = set_seconds(cut.recomputed, false);
+    cut.biased_seconds = set_seconds(cut.recomputed, true);
   }
   // Free values the rewritten backward reads stay where they are: a
   // PREFER_RECOMPUTE on one becomes PREFER_SAVE so plan_remat copies nothing

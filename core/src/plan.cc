@@ -122,6 +122,7 @@ StageOptions stage_options(const Config& config, const OpPolicyTable& op_policy)
   stages.tag.op_policy = effective_op_policy(config, op_policy);
   stages.tag.save_forward_all_gather = config.save_forward_all_gather;
   stages.cost.hardware = config.mincut.hardware;
+  stages.cost.compiler = config.mincut.compiler;
   stages.mincut.lambda = effective_lambda(config.mincut);
   stages.mincut.cost = stages.cost;
   return stages;
@@ -138,7 +139,10 @@ Evaluation evaluate(const Graph& graph, const std::vector<Policy>& policies, con
   evaluation.saved_bytes = evaluation.remat.stats.saved_bytes_after;
   evaluation.recompute_flops = evaluation.remat.stats.recompute_flops;
   evaluation.nodes_duplicated = evaluation.remat.duplicates.size();
-  for (const auto& dup : evaluation.remat.duplicates) evaluation.recompute_seconds += recompute_seconds(graph, dup.of, cost);
+  std::vector<std::int32_t> replayed;
+  replayed.reserve(evaluation.remat.duplicates.size());
+  for (const auto& dup : evaluation.remat.duplicates) replayed.push_back(dup.of);
+  evaluation.recompute_seconds = recompute_seconds(graph, replayed, cost);
   evaluation.simulated_peak_bytes = simulated.peak_bytes_with_resident;
   evaluation.simulated_activation_peak_bytes = simulated.peak_bytes;
   return evaluation;

@@ -444,7 +444,7 @@ struct RandomCase {
 
 // A random joint graph: inputs, parameters, forward ops with random tags,
 // views, RNG ops and SymInts, backward nodes reading random forward values.
-RandomCase random_case(std::mt19937& rng, int forward_ops, int backward_ops) {
+RandomCase random_case(std::mt19937& rng, int forward_ops, int backward_ops, int fusible_percent = 0) {
   RandomCase rc;
   Net& net = rc.net;
   std::uniform_int_distribution<int> percent(0, 99);
@@ -466,6 +466,7 @@ RandomCase random_case(std::mt19937& rng, int forward_ops, int backward_ops) {
     int kind = percent(rng);
     if (kind < 15) {
       net.view(name, inputs[0], 1000 * (1 + percent(rng) % 8));
+      if (percent(rng) < fusible_percent) net.node(name).fusible = true;
     } else {
       if (percent(rng) < 60) {
         auto second = values[pick(rng)];
@@ -473,6 +474,7 @@ RandomCase random_case(std::mt19937& rng, int forward_ops, int backward_ops) {
       }
       net.fw(name, "aten::op.default", inputs, 1000 * (1 + percent(rng) % 8), 1e6 * (percent(rng) % 50));
       if (kind < 20) net.node(name).rng = true;
+      if (percent(rng) < fusible_percent) net.node(name).fusible = true;
       if (kind >= 95) {
         net.node(name).symint = true;
         net.node(name).outputs.clear();
@@ -507,6 +509,8 @@ struct Model {
   const MinCutOptions& options;
   std::vector<char> free, no_recompute, no_save;
   std::vector<double> bytes, seconds;
+  // Inductor: fusion group per node (-1 = none), recomputed independently of cost.cc.
+  std::vector<int> group;
 
   Model(const Graph& graph, const std::vector<Policy>& t, const MinCutOptions& o) : g(graph), tags(t), options(o) {
     const std::size_t n = g.nodes.size();
@@ -519,6 +523,34 @@ struct Model {
     for (const auto& node : g.nodes)
       if (node.kind == NodeKind::Output)
         for (auto x : node.inputs) output_read[static_cast<std::size_t>(x)] = 1;
+    // Groups by flood fill over fusible forward call_function neighbours (either direction).
+    group.assign(n, -1);
+    auto member = [&](std::size_t i) {
+      const Node& node = g.nodes[i];
+      return options.cost.compiler == Compiler::Inductor && node.fusible && node.is_forward() &&
+             node.kind == NodeKind::CallFunction && !node.rng && !node.symint;
+    };
+    int groups = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!member(i) || group[i] >= 0) continue;
+      std::vector<std::size_t> stack{i};
+      group[i] = groups;
+      while (!stack.empty()) {
+        auto v = stack.back();
+        stack.pop_back();
+        std::vector<std::size_t> next;
+        for (auto x : g.nodes[v].inputs) next.push_back(static_cast<std::size_t>(x));
+        for (std::size_t u = 0; u < n; ++u)
+          for (auto x : g.nodes[u].inputs)
+            if (static_cast<std::size_t>(x) == v) next.push_back(u);
+        for (auto w : next)
+          if (member(w) && group[w] < 0) {
+            group[w] = groups;
+            stack.push_back(w);
+          }
+      }
+      ++groups;
+    }
     for (std::size_t i = 0; i < n; ++i) {
       const Node& node = g.nodes[i];
       if (!node.is_forward()) continue;
@@ -529,7 +561,19 @@ struct Model {
       no_save[i] = tags[i] == Policy::MustRecompute || (!no_recompute[i] && node.view);
       bytes[i] = node.symint ? 1.0 : static_cast<double>(node.output_bytes());
       if (tags[i] == Policy::PreferRecompute) bytes[i] *= options.prefer_recompute_factor;
-      seconds[i] = recompute_seconds(g, static_cast<std::int32_t>(i), options.cost);
+      if (group[i] >= 0) {
+        // FLOPs, plus the write when some user is outside the group (views write nothing).
+        bool leaves = false;
+        for (const auto& user : g.nodes)
+          for (auto x : user.inputs)
+            if (static_cast<std::size_t>(x) == i && group[static_cast<std::size_t>(&user - g.nodes.data())] != group[i])
+              leaves = true;
+        seconds[i] = node.flops / options.cost.hardware.peak_flops +
+                     (leaves && !node.view ? static_cast<double>(node.output_bytes()) / options.cost.hardware.memory_bandwidth
+                                           : 0.0);
+      } else {
+        seconds[i] = recompute_seconds(g, static_cast<std::int32_t>(i), options.cost);
+      }
       if (tags[i] == Policy::PreferSave) seconds[i] *= options.prefer_save_factor;
     }
   }
@@ -544,16 +588,30 @@ struct Model {
         for (auto x : node.inputs)
           if (network(x)) needed[static_cast<std::size_t>(x)] = 1;
     double total = 0;
+    std::vector<char> replayed(n, 0);
     for (std::size_t k = n; k-- > 0;) {
       if (!needed[k]) continue;
       if (recompute[k]) {
         if (no_recompute[k]) return -1;
+        replayed[k] = 1;
         total += options.lambda * seconds[k];
         for (auto x : g.nodes[k].inputs)
           if (network(x)) needed[static_cast<std::size_t>(x)] = 1;
       } else {
         if (no_save[k]) return -1;
         total += bytes[k];
+      }
+    }
+    // Group reads: each distinct (input, group) pair a replayed member reads,
+    // unless the input is replayed in the same group.
+    std::set<std::pair<std::int32_t, int>> reads;
+    for (std::size_t k = 0; k < n; ++k) {
+      if (!replayed[k] || group[k] < 0) continue;
+      for (auto x : g.nodes[k].inputs) {
+        auto u = static_cast<std::size_t>(x);
+        if (replayed[u] && group[u] == group[k]) continue;
+        if (g.nodes[u].symint || !reads.emplace(x, group[k]).second) continue;
+        total += options.lambda * static_cast<double>(g.nodes[u].output_bytes()) / options.cost.hardware.memory_bandwidth;
       }
     }
     return total;
@@ -848,6 +906,102 @@ std::int64_t dimacs_max_flow(const std::string& text, std::size_t& vertices, std
 }
 
 }  // namespace
+
+TEST_CASE("random DAGs with fusion groups (inductor): the cut matches brute force", "[mincut][fusion]") {
+  std::mt19937 rng(20261130);
+  int feasible = 0, grouped = 0, differs = 0;
+  for (int round = 0; round < 300; ++round) {
+    RandomCase rc = random_case(rng, 6 + round % 9, 5, 70);
+    Graph g = rc.net.graph();
+    const double lambdas[] = {1e10, 3e11, 1e12, 1e13};
+    MinCutOptions options = gpu(lambdas[round % 4]);
+    options.cost.compiler = Compiler::Inductor;
+    options.prefer_save_factor = 1.5;
+    options.prefer_recompute_factor = 1.25;
+    Model model(g, rc.tags, options);
+    std::vector<std::size_t> choosable;
+    for (std::size_t i = 0; i < g.nodes.size(); ++i)
+      if (model.network(static_cast<std::int32_t>(i)) && !model.no_recompute[i]) choosable.push_back(i);
+    REQUIRE(choosable.size() <= 16);
+    double best = -1;
+    std::vector<char> recompute(g.nodes.size(), 0);
+    for (std::uint32_t mask = 0; mask < (1u << choosable.size()); ++mask) {
+      for (std::size_t k = 0; k < choosable.size(); ++k) recompute[choosable[k]] = (mask >> k) & 1u;
+      double c = model.cost(recompute);
+      if (c >= 0 && (best < 0 || c < best)) best = c;
+    }
+    INFO("round " << round);
+    MinCutResult r;
+    try {
+      r = solve_min_cut(g, rc.tags, options);
+    } catch (const MinCutError& error) {
+      INFO(error.what());
+      CHECK(best < 0);
+      continue;
+    }
+    ++feasible;
+    REQUIRE(best >= 0);
+    std::fill(recompute.begin(), recompute.end(), 0);
+    for (auto i : r.recomputed) recompute[static_cast<std::size_t>(i)] = 1;
+    double mine = model.cost(recompute);
+    REQUIRE(mine >= 0);
+    // Capacities are rounded to whole bytes per arc: the cut is optimal up to that.
+    CHECK(mine == Approx(best).epsilon(1e-9).margin(static_cast<double>(r.stats.network_edges) + 1.0));
+    CHECK(r.objective == Approx(mine).epsilon(1e-9).margin(1e-6));
+    // The export carries the read vertices and the same flow.
+    FlowNetwork net = flow_network(g, rc.tags, options);
+    CHECK(net.max_flow == r.stats.max_flow);
+    CHECK(static_cast<double>(net.max_flow) * net.capacity_unit ==
+          Approx(best).epsilon(1e-9).margin(static_cast<double>(net.arcs) + 1.0));
+    if (fusion_groups(g, options.cost).count > 0) ++grouped;
+    // The eager cost of the same graph is a different objective (the groups matter).
+    MinCutOptions eager = options;
+    eager.cost.compiler = Compiler::Eager;
+    if (solve_min_cut(g, rc.tags, eager).recomputed != r.recomputed) ++differs;
+  }
+  CHECK(feasible >= 100);
+  CHECK(grouped >= 100);
+  CHECK(differs >= 10);
+}
+
+TEST_CASE("a decomposed norm chain is recomputed as one kernel under inductor, not under eager", "[mincut][fusion]") {
+  // x -> mm -> [var_mean, sub, rsqrt, mul, mul(w)] -> mm2; the backward reads
+  // the normalised value and mm2's input. Eager charges every node its own
+  // traffic (the chain costs ~5x its bytes); inductor charges one read of the
+  // mm output and one write: recomputing the chain beats saving it.
+  Net net;
+  net.input("x", 4000);
+  net.input("w", 4000, Role::Parameter);
+  net.fw("h", "aten::mm.default", {"x", "w"}, 4000, 2e6);
+  net.fw("vm", "aten::var_mean.correction", {"h"}, 40);
+  net.fw("sub", "aten::sub.Tensor", {"h", "vm"}, 4000);
+  net.fw("rs", "aten::rsqrt.default", {"vm"}, 40);
+  net.fw("norm", "aten::mul.Tensor", {"sub", "rs"}, 4000);
+  net.input("g", 40, Role::Parameter);  // the norm's weight
+  net.fw("scaled", "aten::mul.Tensor", {"norm", "g"}, 4000);
+  net.fw("h2", "aten::mm.default", {"scaled", "w"}, 4000, 2e6);
+  for (const char* name : {"vm", "sub", "rs", "norm", "scaled"}) net.node(name).fusible = true;
+  net.tangent("t", 4000);
+  net.bw("b0", {"t", "scaled"});
+  net.bw("b1", {"b0", "norm"});
+  net.bw("b2", {"b1", "rs"});
+  net.output({"h2", "b2"});
+  Graph g = net.graph();
+  auto tags = net.tags(Policy::PreferRecompute, {{"h", Policy::MustSave}});
+  MinCutOptions options = gpu(2.5e11);  // bandwidth / 4
+  MinCutResult eager = solve_min_cut(g, tags, options);
+  options.cost.compiler = Compiler::Inductor;
+  MinCutResult inductor = solve_min_cut(g, tags, options);
+  CHECK(net.names(eager.recomputed) == Names{"scaled"});
+  CHECK(net.names(eager.saved) == Names{"rs", "norm"});
+  CHECK(net.names(inductor.saved) == Names{"h"});
+  CHECK(net.names(inductor.recomputed) == Names{"vm", "sub", "rs", "norm", "scaled"});
+  // One read each of h and g + writes of rs, norm, scaled (their users leave the group).
+  CHECK(inductor.recompute_seconds == Approx((4000.0 + 40 + 40 + 4000 + 4000) / 1e12));
+  FusionGroups groups = fusion_groups(g, options.cost);
+  CHECK(groups.count == 1);
+  CHECK(groups.group[static_cast<std::size_t>(net.at("h"))] == -1);
+}
 
 TEST_CASE("flow_network exports the solved network; its flow is the brute-force cut", "[mincut][flow_network]") {
   std::mt19937 rng(77);

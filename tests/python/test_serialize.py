@@ -35,6 +35,7 @@ NODE_FIELDS = {
     "symint": (False, lambda v: isinstance(v, bool)),
     "collective": (False, lambda v: isinstance(v, bool)),
     "view": (False, lambda v: isinstance(v, bool)),
+    "fusible": (False, lambda v: v is True),  # written only when true
     "mutated_inputs": (False, lambda v: isinstance(v, list)),
     "aliased_inputs": (False, lambda v: isinstance(v, list)),
     "role": (False, lambda v: v in ("activation", "parameter", "buffer", "input", "tangent")),

@@ -35,6 +35,12 @@ struct OpPolicyTable {
   std::vector<std::string> transparent;
 };
 
+// The compiler that will run the planned graph: it decides which ops share a
+// kernel, hence what a replay costs (cost.h). `eager` runs every FX node as its
+// own kernel; `inductor` fuses connected pointwise/reduction/view chains.
+enum class Compiler { Eager, Inductor };
+const char* to_string(Compiler compiler);
+
 // Roofline hardware profile for recompute cost (min-cut modes).
 struct HardwareProfile {
   std::string name = "cpu";
@@ -63,6 +69,8 @@ struct MinCutConfig {
   // bandwidth (see docs/config.md).
   std::optional<double> lambda;
   HardwareProfile hardware;
+  // Fusion assumption of the recompute cost (config key `compiler`).
+  Compiler compiler = Compiler::Eager;
   // `budget` mode only: the simulated-peak target (see MemoryBudget).
   MemoryBudget memory_budget;
 };

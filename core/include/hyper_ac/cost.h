@@ -1,6 +1,20 @@
-// Recompute cost: the roofline seconds of replaying one forward node in the
+// Recompute cost: the roofline seconds of replaying forward nodes in the
 // backward. The one owner of that figure: the min-cut's capacities, the plan's
 // recompute_seconds and every evaluation read it from here.
+//
+// Two fusion assumptions (CostOptions::compiler, config key `compiler`):
+// - eager: every FX node is its own kernel; a replay costs the node's roofline
+//   max(flops / peak_flops, (output + input bytes) / memory_bandwidth).
+// - inductor: connected fusible forward nodes (Node::fusible: pointwise,
+//   broadcasts, reductions, views, factories, converts) form one fusion group,
+//   replayed as one kernel. Replaying a subset R of a group costs
+//     sum over v in R of flops(v) / peak_flops
+//   + sum over v in R whose output leaves the kernel (a user outside the group:
+//     a non-fusible op, the backward, the graph output) of bytes(v) / bandwidth
+//   + sum over the distinct inputs u read by R and not themselves in R of
+//     bytes(u) / bandwidth (each read once per group).
+//   Non-fusible nodes keep the roofline. docs/mincut.md shows how this enters
+//   the min-cut network exactly.
 #pragma once
 
 #include <cstdint>
@@ -15,14 +29,42 @@ struct CostOptions {
   // Roofline: max(flops / peak_flops, bytes_moved / memory_bandwidth), with
   // bytes_moved = the node's output bytes + the bytes of every input it reads.
   HardwareProfile hardware;
+  // The compiler that runs the graph; inductor prices fusion groups (above).
+  Compiler compiler = Compiler::Eager;
 };
 
-// Roofline seconds of one replay of `node` (index into graph.nodes); 0 for
-// views, getitem, SymInt nodes and anything that is not a call_function.
-// Throws std::out_of_range for an index outside the graph.
+// The fusion groups of a graph under a compiler (all empty under eager).
+struct FusionGroups {
+  // Per node: its group (0, 1, ... in graph order of the group's first
+  // member), or -1 outside every group (non-fusible, backward, not a
+  // call_function, eager compiler).
+  std::vector<std::int32_t> group;
+  // Per node: a replay writes its output to memory (some user is outside the
+  // node's group). Meaningful for group members only.
+  std::vector<char> materialized;
+  std::size_t count = 0;  // number of groups
+};
+
+// Groups = connected components of fusible forward call_function nodes over
+// their producer -> user edges. Deterministic.
+FusionGroups fusion_groups(const Graph& graph, const CostOptions& options);
+
+// Roofline seconds of one replay of `node` (index into graph.nodes) as its own
+// kernel; 0 for views, getitem, SymInt nodes and anything that is not a
+// call_function. Throws std::out_of_range for an index outside the graph.
 double recompute_seconds(const Graph& graph, std::int32_t node, const CostOptions& options);
 
-// Sum of recompute_seconds over `nodes` (each counted as often as listed).
+// Seconds a group member's replay costs apart from its reads: its FLOPs plus
+// its write when materialized (0 write for views). Throws std::out_of_range.
+double member_seconds(const Graph& graph, const FusionGroups& groups, std::int32_t node, const CostOptions& options);
+
+// Seconds of reading value `node` once from memory (its output bytes /
+// bandwidth); 0 for SymInt nodes.
+double read_seconds(const Graph& graph, std::int32_t node, const CostOptions& options);
+
+// Cost of replaying the set `nodes`. Eager: the sum of recompute_seconds (each
+// counted as often as listed). Inductor: the group formula above over the
+// distinct nodes (non-members at their roofline).
 double recompute_seconds(const Graph& graph, const std::vector<std::int32_t>& nodes, const CostOptions& options);
 
 }  // namespace hyper_ac

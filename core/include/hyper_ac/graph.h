@@ -55,6 +55,9 @@ struct Node {
   bool symint = false;
   bool collective = false;
   bool view = false;
+  // Inductor fuses it with neighbouring fusible ops into one kernel (pointwise,
+  // broadcast, reduction, view, factory, convert/clone; set by the serialiser).
+  bool fusible = false;
   bool subgraph = false;
   // A placeholder the step writes (an AOTAutograd input mutation: the new
   // value is a forward output, copied into the input after the forward), so a

@@ -1,0 +1,91 @@
+"""The fusion-aware recompute cost (config ``compiler: inductor``, docs/mincut.md
+"Fusion groups") on graphs captured with Inductor's decompositions, and the
+``fusible`` fact the serialiser writes for it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hyper_ac import _core, models
+from hyper_ac.capture import capture_joint
+from hyper_ac.config import ConfigError, load_config, op_policy_json
+from hyper_ac.op_facts import op_facts
+
+aten, prims = torch.ops.aten, torch.ops.prims
+
+
+@pytest.mark.parametrize("target,fusible", [
+    (aten.add.Tensor, True), (aten.rsqrt.default, True), (aten.where.self, True),
+    (aten.var_mean.correction, True), (aten.sum.dim_IntList, True), (aten.amax.default, True),
+    (aten.view.default, True), (aten.permute.default, True), (aten.clone.default, True),
+    (prims.convert_element_type.default, True), (prims.iota.default, True), (aten.full.default, True),
+    (aten.mm.default, False), (aten.bmm.default, False), (aten.convolution.default, False),
+    (aten.native_dropout.default, False), (aten.bernoulli.p, False), (aten.add_.Tensor, False),
+])
+def test_fusible_fact(target, fusible):
+    assert op_facts(target).fusible is fusible
+
+
+def test_compiler_key_validated_and_canonical():
+    assert load_config({"ac_mode": "auto"}).compiler == "eager"
+    assert "compiler" not in load_config({"ac_mode": "auto"}).data["activation_checkpoint"]  # eager plans unchanged
+    cfg = load_config({"ac_mode": "auto", "ac_compiler": "inductor"})
+    assert cfg.compiler == "inductor"
+    assert load_config({"ac_mode": "auto"}).with_compiler("inductor").compiler == "inductor"
+    with pytest.raises(ConfigError, match="compiler.*'tvm'"):
+        load_config({"ac_mode": "auto", "ac_compiler": "tvm"})
+
+
+@pytest.fixture(scope="module")
+def decomposed():
+    """A 2-layer TinyTransformer's joint graph as Inductor's partitioner sees it (decompositions applied)."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    model = models.build("transformer", 2, dim=64)
+    captured = capture_joint(model, **models.example_batch("transformer", batch=2, seq=32),
+                             decompositions=select_decomp_table())
+    return captured.to_json()
+
+
+def _plan(graph_json, compiler):
+    cfg = {"ac_mode": "auto", "ac_hardware": "cpu", "ac_compiler": compiler}
+    return json.loads(_core.plan(graph_json, load_config(cfg).to_json(), op_policy_json()))
+
+
+def test_decomposed_graph_is_first_class(decomposed):
+    doc = json.loads(decomposed)
+    targets = {n["target"] for n in doc["nodes"]}
+    # Inductor's table leaves no layer_norm / softmax / silu: their decompositions are what gets planned.
+    assert "aten::var_mean.correction" in targets
+    assert not any(t.startswith(("aten::native_layer_norm", "aten::_softmax")) for t in targets)
+    fusible = {n["target"] for n in doc["nodes"] if n.get("fusible")}
+    assert {"aten::var_mean.correction", "aten::rsqrt.default", "aten::exp.default"} <= fusible
+    assert "aten::mm.default" not in fusible
+
+
+def test_inductor_cost_recomputes_norm_and_softmax_chains_and_keeps_mm(decomposed):
+    doc = json.loads(decomposed)
+    target = {n["name"]: n["target"] for n in doc["nodes"]}
+    eager, inductor = _plan(decomposed, "eager"), _plan(decomposed, "inductor")
+
+    def recomputed(plan):
+        return {target[d["of"]] for d in plan["duplicates"]}
+
+    r = recomputed(inductor)
+    # the decomposed layer norm and softmax are replayed as kernels ...
+    assert {"aten::var_mean.correction", "aten::rsqrt.default"} <= r
+    assert {"aten::amax.default", "aten::exp.default"} & r
+    # ... from saved matmul outputs, which are never recomputed
+    assert not {"aten::mm.default", "aten::bmm.default", "aten::addmm.default"} & r
+    # eager prices every decomposed node's own traffic: it recomputes fewer of them and keeps more bytes
+    assert len(inductor["duplicates"]) > len(eager["duplicates"])
+    assert inductor["stats"]["saved_bytes_after"] < eager["stats"]["saved_bytes_after"]
+    # the eager plan does not depend on the fusible facts (they are read under inductor only)
+    stripped = json.loads(decomposed)
+    for n in stripped["nodes"]:
+        n.pop("fusible", None)
+    assert json.loads(_core.plan(json.dumps(stripped), load_config(
+        {"ac_mode": "auto", "ac_hardware": "cpu"}).to_json(), op_policy_json()))["duplicates"] == eager["duplicates"]
