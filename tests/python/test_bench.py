@@ -103,3 +103,31 @@ def test_the_package_never_imports_the_benchmark():
             "assert not any(m == 'benchmarks' or m.startswith('benchmarks.') for m in sys.modules), 'imported'")
     run = subprocess.run([sys.executable, "-c", code], cwd=_ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
+
+
+def test_quick_flow_comparison_runs_on_the_cores_own_network(quick_run):
+    pytest.importorskip("networkx")
+    _, out = quick_run
+    rows = list(csv.DictReader(open(out / "flow.csv")))
+    assert rows and all(not r.get("error") for r in rows), [r.get("error") for r in rows]
+    for r in rows:
+        # networkx on the exported DIMACS finds the core's flow and the core's cut
+        assert r["same_flow"] == "True", r
+        assert r["same_cut"] == "True", r
+
+
+def test_checkpointed_model_rows(tmp_path):
+    """The model's own per-layer checkpoints under stock aot_eager and hyper_ac off: both run, gradients match."""
+    core_module()
+    from benchmarks.cli import main
+
+    rc = main(["--parts", "step", "--models", "transformer", "--strategies", "none", "ckpt_aot_eager", "ckpt_off",
+               "--layers", "2", "--hidden", "32", "--seq", "16", "--batch", "2", "--steps", "1", "--no-plots",
+               "--out", str(tmp_path)])
+    assert rc == 0
+    rows = {r["strategy"]: r for r in csv.DictReader(open(tmp_path / "results.csv"))}
+    for strategy in ("ckpt_aot_eager", "ckpt_off"):
+        assert rows[strategy]["status"] == "ok", rows[strategy]["error"]
+        assert rows[strategy]["reference"] == "none"
+        assert rows[strategy]["grads_allclose"] == "True"
+    assert "### Inductor and models that checkpoint themselves" in (tmp_path / "results.md").read_text()
