@@ -78,8 +78,9 @@ def test_inductor_cost_recomputes_norm_and_softmax_chains_and_keeps_mm(decompose
     # the decomposed layer norm and softmax are replayed as kernels ...
     assert {"aten::var_mean.correction", "aten::rsqrt.default"} <= r
     assert {"aten::amax.default", "aten::exp.default"} & r
-    # ... from saved matmul outputs, which are never recomputed
-    assert not {"aten::mm.default", "aten::bmm.default", "aten::addmm.default"} & r
+    # ... from saved projection outputs: the linear layers (K = 64 > ~40, where the cpu roofline makes
+    # a matmul worth keeping) are never recomputed; attention's bmm over 16-wide heads may be
+    assert not {"aten::mm.default", "aten::addmm.default"} & r
     # eager prices every decomposed node's own traffic: it recomputes fewer of them and keeps more bytes
     assert len(inductor["duplicates"]) > len(eager["duplicates"])
     assert inductor["stats"]["saved_bytes_after"] < eager["stats"]["saved_bytes_after"]
