@@ -17,8 +17,14 @@ struct CostOptions {
   HardwareProfile hardware;
 };
 
+// A node's recompute time never exceeds this (seconds): flops near the
+// double range over a slow profile stay finite, and so do lambda * seconds
+// (lambda <= kMaxLambda, config.h) and sums over any graph.
+constexpr double kMaxRecomputeSeconds = 1.0e30;
+
 // Roofline seconds of one replay of `node` (index into graph.nodes); 0 for
 // views, getitem, SymInt nodes and anything that is not a call_function.
+// Clamped to [0, kMaxRecomputeSeconds]; never NaN.
 // Throws std::out_of_range for an index outside the graph.
 double recompute_seconds(const Graph& graph, std::int32_t node, const CostOptions& options);
 
