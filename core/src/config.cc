@@ -49,7 +49,7 @@ std::string described(const json& value) {
     consumed = 0;
   }
   if (consumed > 0 && consumed == text.size())
-    out += " (a number in quotes, or one YAML reads as a string: write 1.0e15, not 1e15)";
+    out += " (a number in quotes, or one YAML reads as a string: write 1.0e+15, not 1e15)";
   return out;
 }
 

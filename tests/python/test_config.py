@@ -162,7 +162,7 @@ def test_yaml_non_finite_numbers_are_named(tmp_path, text, spelled):
     path.write_text(f"activation_checkpoint:\n  mode: auto\n  lambda: {text}\n")
     with pytest.raises(ConfigError, match=rf"{path.name}.*'activation_checkpoint.lambda': read {re.escape(spelled)}.*finite"):
         load_config(path)
-    path.write_text(f"ac_mode: auto\nac_hardware:\n  peak_flops: {text}\n  memory_bandwidth: 1.0e12\n")
+    path.write_text(f"ac_mode: auto\nac_hardware:\n  peak_flops: {text}\n  memory_bandwidth: 1.0e+12\n")
     with pytest.raises(ConfigError, match=rf"'ac_hardware.peak_flops': read {re.escape(spelled)}"):
         load_config(path)
     with pytest.raises(ConfigError, match=rf"'ac_memory_budget': read {re.escape(spelled)}"):
@@ -172,12 +172,12 @@ def test_yaml_non_finite_numbers_are_named(tmp_path, text, spelled):
 def test_yaml_exponent_without_a_dot_is_a_string_and_the_message_says_so(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("ac_mode: auto\nac_lambda: 1e15\n")
-    with pytest.raises(ConfigError, match=r"'ac_lambda'.*the string \"1e15\".*write 1\.0e15"):
+    with pytest.raises(ConfigError, match=r"'ac_lambda'.*the string \"1e15\".*write 1\.0e\+15"):
         load_config(path)
-    path.write_text("ac_mode: auto\nac_hardware: {peak_flops: 1e15, memory_bandwidth: 1.0e12}\n")
-    with pytest.raises(ConfigError, match=r"'ac_hardware.peak_flops'.*the string \"1e15\".*1\.0e15"):
+    path.write_text("ac_mode: auto\nac_hardware: {peak_flops: 1e15, memory_bandwidth: 1.0e+12}\n")
+    with pytest.raises(ConfigError, match=r"'ac_hardware.peak_flops'.*the string \"1e15\".*1\.0e\+15"):
         load_config(path)
-    path.write_text("ac_mode: auto\nac_lambda: 1.0e15\n")
+    path.write_text("ac_mode: auto\nac_lambda: 1.0e+15\n")  # YAML 1.1: a float needs the '.' and the sign
     assert load_config(path).data["activation_checkpoint"]["lambda"] == 1e15
     # A byte size may be a string: 1e15 bytes.
     path.write_text("ac_mode: budget\nac_memory_budget: 1e15\n")
