@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
@@ -174,6 +175,20 @@ def mode_config(mode: str) -> dict:
     return config
 
 
+def _check_finite(data: Any, key: str = "") -> None:
+    """Non-finite floats (YAML ``.inf``, ``-.inf``, ``.nan``) are rejected here,
+    naming the key and what was read: JSON has no spelling for them."""
+    if isinstance(data, float) and not math.isfinite(data):
+        spelled = ".nan" if math.isnan(data) else (".inf" if data > 0 else "-.inf")
+        raise ConfigError(f"config key '{key}': read {spelled} ({data!r}); every number in a config must be finite")
+    if isinstance(data, Mapping):
+        for name, value in data.items():
+            _check_finite(value, f"{key}.{name}" if key else str(name))
+    elif isinstance(data, (list, tuple)):
+        for index, value in enumerate(data):
+            _check_finite(value, f"{key}[{index}]")
+
+
 def load_config(source: Union[str, os.PathLike, Mapping[str, Any], Config, None]) -> Config:
     """Load and validate a config from a preset name, a YAML path, a dict or a Config.
 
@@ -199,7 +214,8 @@ def load_config(source: Union[str, os.PathLike, Mapping[str, Any], Config, None]
     else:
         raise TypeError(f"config must be a YAML path, a dict or a hyper_ac Config, got {type(source).__name__}")
     try:
-        canonical = _core.validate_config(json.dumps(data))
+        _check_finite(data)
+        canonical = _core.validate_config(json.dumps(data, allow_nan=False))
     except ConfigError as error:
         raise ConfigError(f"{label}: {error}") from None
     except TypeError as error:  # json.dumps on a non-JSON value (a date, a set, ...)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <set>
 
@@ -27,6 +28,29 @@ namespace {
 
 [[noreturn]] void fail(const std::string& key, const std::string& what) {
   throw ConfigError("config key '" + key + "': " + what);
+}
+
+std::string format_number(double value) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%g", value);
+  return buffer;
+}
+
+// What was read, for a message: its type and its value. A string that reads
+// as a number says so: YAML 1.1 (PyYAML) reads 1e15 without a '.' as a string.
+std::string described(const json& value) {
+  if (!value.is_string()) return std::string(value.type_name()) + " " + value.dump();
+  std::string out = "the string " + value.dump();
+  const std::string text = value.get<std::string>();
+  std::size_t consumed = 0;
+  try {
+    (void)std::stod(text, &consumed);
+  } catch (const std::exception&) {
+    consumed = 0;
+  }
+  if (consumed > 0 && consumed == text.size())
+    out += " (a number in quotes, or one YAML reads as a string: write 1.0e+15, not 1e15)";
+  return out;
 }
 
 std::size_t edit_distance(const std::string& a, const std::string& b) {
@@ -142,7 +166,7 @@ MemoryBudget parse_budget(const json& value, const std::string& key) {
   if (!value.is_number())
     fail(key, std::string("must be a byte size (\"6GiB\") or a fraction in (0, 1], got ") + value.type_name());
   double number = value.get<double>();
-  if (!(number > 0)) fail(key, "must be positive, got " + value.dump());
+  if (!(number > 0) || !std::isfinite(number)) fail(key, "must be a positive finite number, got " + value.dump());
   if (number <= 1.0) return BudgetFraction{number};
   return BudgetBytes{number};
 }
@@ -172,8 +196,13 @@ HardwareProfile parse_hardware(const json& value, const std::string& key) {
   for (const char* field : {"peak_flops", "memory_bandwidth"}) {
     if (!value.contains(field)) fail(key + "." + field, "missing (FLOP/s and bytes/s of the target hardware)");
     const json& number = value[field];
-    if (!number.is_number() || !(number.get<double>() > 0)) fail(key + "." + field, "must be a positive number");
-    (std::string(field) == "peak_flops" ? profile.peak_flops : profile.memory_bandwidth) = number.get<double>();
+    if (!number.is_number() || number.is_boolean())
+      fail(key + "." + field, std::string("must be a number, got ") + described(number));
+    const double speed = number.get<double>();
+    if (!(speed >= kMinHardwareSpeed && speed <= kMaxHardwareSpeed))
+      fail(key + "." + field, "must be a finite number in [" + format_number(kMinHardwareSpeed) + ", " +
+                                  format_number(kMaxHardwareSpeed) + "], got " + number.dump());
+    (std::string(field) == "peak_flops" ? profile.peak_flops : profile.memory_bandwidth) = speed;
   }
   return profile;
 }
@@ -188,9 +217,10 @@ Compiler parse_compiler(const json& value, const std::string& key) {
 }
 
 void parse_lambda(const json& value, const std::string& key, Config& config) {
-  if (!value.is_number() || value.is_boolean()) fail(key, std::string("must be a number, got ") + value.type_name());
+  if (!value.is_number() || value.is_boolean()) fail(key, std::string("must be a number, got ") + described(value));
   double lambda = value.get<double>();
-  if (!(lambda >= 0) || !std::isfinite(lambda)) fail(key, "must be a finite number >= 0");
+  if (!(lambda >= 0 && lambda <= kMaxLambda))
+    fail(key, "must be a finite number in [0, " + format_number(kMaxLambda) + "] (bytes per second), got " + value.dump());
   config.mincut.lambda = lambda;
 }
 
@@ -315,6 +345,9 @@ json parse_json(const std::string& text, const std::string& what) {
     return json::parse(text);
   } catch (const json::parse_error& error) {
     throw ConfigError(what + " is not valid JSON: " + error.what());
+  } catch (const json::exception& error) {  // e.g. out_of_range.406: a number past the double range
+    throw ConfigError(what + " holds a number it cannot read: " + error.what() +
+                      " (numbers must be finite doubles, below about 1.8e308)");
   }
 }
 
@@ -339,7 +372,9 @@ double parse_byte_size(const std::string& text, const std::string& key) {
   auto it = kUnits.find(lower);
   if (it == kUnits.end()) fail(key, "unknown size unit '" + unit + "' in '" + text + "' (use B, KB, MB, GB, KiB, MiB, GiB)");
   if (!(number > 0) || !std::isfinite(number)) fail(key, "size must be positive, got '" + text + "'");
-  return number * it->second;
+  const double bytes = number * it->second;
+  if (!std::isfinite(bytes)) fail(key, "size '" + text + "' is past the double range");
+  return bytes;
 }
 
 Config parse_config(const std::string& json_text) {

@@ -1,10 +1,12 @@
 #include "hyper_ac/cost.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <utility>
 
 #include "hyper_ac/alias.h"
+#include "hyper_ac/saturate.h"
 
 namespace hyper_ac {
 
@@ -62,27 +64,38 @@ double recompute_seconds(const Graph& graph, std::int32_t index, const CostOptio
   if (node.kind != NodeKind::CallFunction || is_view_like(node) || is_getitem(node) || node.symint) return 0.0;
   double bytes = static_cast<double>(node.output_bytes());
   for (auto input : node.inputs) bytes += static_cast<double>(graph.nodes[static_cast<std::size_t>(input)].output_bytes());
-  return std::max(node.flops / options.hardware.peak_flops, bytes / options.hardware.memory_bandwidth);
+  // 0 / 0 (no work on a zero-speed profile) is no time; x / 0 and anything
+  // past the range clamp to kMaxRecomputeSeconds.
+  auto part = [](double work, double speed) { return work > 0.0 ? work / speed : 0.0; };
+  const double seconds = std::max(part(node.flops, options.hardware.peak_flops),
+                                  part(bytes, options.hardware.memory_bandwidth));
+  if (!(seconds < kMaxRecomputeSeconds)) return kMaxRecomputeSeconds;  // also NaN (negative speed)
+  return seconds > 0.0 ? seconds : 0.0;
 }
 
 double member_seconds(const Graph& graph, const FusionGroups& groups, std::int32_t index, const CostOptions& options) {
   const Node& node = graph.nodes.at(static_cast<std::size_t>(index));
-  double seconds = node.flops / options.hardware.peak_flops;
-  if (groups.materialized.at(static_cast<std::size_t>(index)) && !is_view_like(node) && !is_getitem(node))
+  double seconds = node.flops > 0.0 ? node.flops / options.hardware.peak_flops : 0.0;
+  if (groups.materialized.at(static_cast<std::size_t>(index)) && !is_view_like(node) && !is_getitem(node) &&
+      node.output_bytes() > 0)
     seconds += static_cast<double>(node.output_bytes()) / options.hardware.memory_bandwidth;
-  return seconds;
+  // Same clamp as recompute_seconds: finite, never NaN.
+  if (!(seconds < kMaxRecomputeSeconds)) return kMaxRecomputeSeconds;
+  return seconds > 0.0 ? seconds : 0.0;
 }
 
 double read_seconds(const Graph& graph, std::int32_t index, const CostOptions& options) {
   const Node& node = graph.nodes.at(static_cast<std::size_t>(index));
-  if (node.symint) return 0.0;
-  return static_cast<double>(node.output_bytes()) / options.hardware.memory_bandwidth;
+  if (node.symint || node.output_bytes() <= 0) return 0.0;
+  const double seconds = static_cast<double>(node.output_bytes()) / options.hardware.memory_bandwidth;
+  if (!(seconds < kMaxRecomputeSeconds)) return kMaxRecomputeSeconds;
+  return seconds > 0.0 ? seconds : 0.0;
 }
 
 double recompute_seconds(const Graph& graph, const std::vector<std::int32_t>& nodes, const CostOptions& options) {
   double total = 0.0;
   if (options.compiler == Compiler::Eager) {
-    for (auto node : nodes) total += recompute_seconds(graph, node, options);
+    for (auto node : nodes) total = add_finite(total, recompute_seconds(graph, node, options));
     return total;
   }
   const FusionGroups groups = fusion_groups(graph, options);
@@ -94,14 +107,14 @@ double recompute_seconds(const Graph& graph, const std::vector<std::int32_t>& no
     const auto index = static_cast<std::int32_t>(i);
     const std::int32_t g = groups.group[i];
     if (g < 0) {
-      total += recompute_seconds(graph, index, options);
+      total = add_finite(total, recompute_seconds(graph, index, options));
       continue;
     }
-    total += member_seconds(graph, groups, index, options);
+    total = add_finite(total, member_seconds(graph, groups, index, options));
     for (auto input : graph.nodes[i].inputs) {
       auto x = static_cast<std::size_t>(input);
       if (in_set[x] && groups.group[x] == g) continue;  // produced inside the replayed kernel
-      if (reads.emplace(input, g).second) total += read_seconds(graph, input, options);
+      if (reads.emplace(input, g).second) total = add_finite(total, read_seconds(graph, input, options));
     }
   }
   return total;

@@ -1,4 +1,5 @@
 #include "hyper_ac/graph.h"
+#include "hyper_ac/saturate.h"
 
 #include <algorithm>
 #include <cinttypes>
@@ -54,8 +55,8 @@ bool is_recompute(Policy policy) {
 }
 
 std::int64_t Node::output_bytes() const {
-  std::int64_t total = 0;
-  for (const auto& fact : outputs) total += fact.bytes;
+  std::int64_t total = 0;  // saturates at kMaxBytes (saturate.h)
+  for (const auto& fact : outputs) total = add_bytes(total, fact.bytes);
   return total;
 }
 
@@ -536,10 +537,10 @@ GraphSummary summarize(const Graph& graph) {
     const Node& node = graph.nodes[i];
     if (node.is_forward()) {
       ++summary.forward_nodes;
-      summary.forward_flops += node.flops;
+      summary.forward_flops = add_finite(summary.forward_flops, node.flops);
     } else {
       ++summary.backward_nodes;
-      summary.backward_flops += node.flops;
+      summary.backward_flops = add_finite(summary.backward_flops, node.flops);
     }
     if (node.kind == NodeKind::Placeholder) {
       ++summary.placeholders;
@@ -559,7 +560,7 @@ GraphSummary summarize(const Graph& graph) {
       bool activation = base.is_forward() && base.kind == NodeKind::CallFunction;
       if (activation && !counted[root]) {
         counted[root] = 1;
-        summary.activation_bytes_read_by_backward += base.output_bytes();
+        summary.activation_bytes_read_by_backward = add_bytes(summary.activation_bytes_read_by_backward, base.output_bytes());
       }
     }
   }

@@ -17,6 +17,7 @@
 
 #include "hyper_ac/alias.h"
 #include "hyper_ac/cost.h"
+#include "hyper_ac/saturate.h"
 
 namespace hyper_ac {
 
@@ -157,13 +158,24 @@ void Solver::check_options() const {
   if (graph_.users.size() != n)
     throw std::invalid_argument("solve_min_cut: graph.users is not built; call Graph::finalize()");
   auto positive = [](double value) { return std::isfinite(value) && value > 0.0; };
-  if (!std::isfinite(options_.lambda) || options_.lambda < 0.0)
-    throw std::invalid_argument("solve_min_cut: lambda must be finite and >= 0, got " + format_double(options_.lambda));
-  if (!positive(options_.cost.hardware.peak_flops) || !positive(options_.cost.hardware.memory_bandwidth))
+  // The ranges keep every capacity finite (scale()): lambda <= 1e30 times
+  // recompute seconds <= 1e30 (cost.h) times a factor <= 1e6.
+  if (!(options_.lambda >= 0.0 && options_.lambda <= kMaxLambda))
+    throw std::invalid_argument("solve_min_cut: lambda must be finite and in [0, " + format_double(kMaxLambda) +
+                                "], got " + format_double(options_.lambda));
+  auto speed = [](double value) { return value >= kMinHardwareSpeed && value <= kMaxHardwareSpeed; };
+  if (!speed(options_.cost.hardware.peak_flops) || !speed(options_.cost.hardware.memory_bandwidth))
     throw std::invalid_argument("solve_min_cut: hardware profile '" + options_.cost.hardware.name +
-                                "' needs peak_flops and memory_bandwidth > 0");
-  if (!positive(options_.prefer_save_factor) || !positive(options_.prefer_recompute_factor))
-    throw std::invalid_argument("solve_min_cut: prefer_save_factor and prefer_recompute_factor must be > 0");
+                                "' needs peak_flops and memory_bandwidth in [" + format_double(kMinHardwareSpeed) +
+                                ", " + format_double(kMaxHardwareSpeed) + "], got " +
+                                format_double(options_.cost.hardware.peak_flops) + " and " +
+                                format_double(options_.cost.hardware.memory_bandwidth));
+  auto factor = [&](double value) { return positive(value) && value >= kMinPreferFactor && value <= kMaxPreferFactor; };
+  if (!factor(options_.prefer_save_factor) || !factor(options_.prefer_recompute_factor))
+    throw std::invalid_argument("solve_min_cut: prefer_save_factor and prefer_recompute_factor must be in [" +
+                                format_double(kMinPreferFactor) + ", " + format_double(kMaxPreferFactor) + "], got " +
+                                format_double(options_.prefer_save_factor) + " and " +
+                                format_double(options_.prefer_recompute_factor));
   if (options_.symint_bytes < 0) throw std::invalid_argument("solve_min_cut: symint_bytes must be >= 0");
 }
 
@@ -316,16 +328,28 @@ void Solver::check_feasible() const {
 }
 
 Solver::Capacities Solver::scale(const std::vector<Arc>& arcs) {
-  // Integer capacities in units of `unit` bytes.
-  double finite_total = 0.0;
-  for (const auto& arc : arcs)
-    if (!arc.infinite) finite_total += arc.capacity;
-  const double unit = std::max(1.0, finite_total / kMaxTotalUnits);
+  // Integer capacities in units of `unit` bytes. Every finite capacity is
+  // finite and >= 0 (check_options() bounds lambda, speeds and factors; cost.h
+  // bounds recompute seconds), so the total is too; it is summed in long
+  // double and rounded up so that no rounding makes the integer total pass
+  // kMaxTotalUnits + the number of arcs (each llround adds at most 1/2 unit,
+  // each zero-to-one bump 1). With unit 1 (totals below 2^50 bytes) the
+  // integers are the capacities rounded to whole bytes.
+  long double finite_total = 0.0L;
+  for (const auto& arc : arcs) {
+    if (arc.infinite) continue;
+    if (!(arc.capacity >= 0.0 && arc.capacity <= std::numeric_limits<double>::max()))
+      throw std::logic_error("min-cut: capacity " + format_double(arc.capacity) +
+                             " is not a finite number >= 0 (the option checks should have rejected the input)");
+    finite_total += arc.capacity;
+  }
+  const double total_bytes = static_cast<double>(finite_total);
+  const double unit = total_bytes > kMaxTotalUnits ? std::nextafter(total_bytes / kMaxTotalUnits, HUGE_VAL) : 1.0;
   std::vector<std::int64_t> capacity(arcs.size());
   std::int64_t total = 0;
   for (std::size_t k = 0; k < arcs.size(); ++k) {
     if (arcs[k].infinite) continue;
-    double scaled = arcs[k].capacity / unit;
+    const double scaled = arcs[k].capacity / unit;  // <= kMaxTotalUnits
     auto units = static_cast<std::int64_t>(std::llround(scaled));
     if (units == 0 && scaled > 0.0) units = 1;
     capacity[k] = units;
@@ -410,6 +434,14 @@ std::vector<char> Solver::run_max_flow(std::int32_t vertices, const std::vector<
       queue.push_back(t);
     }
   }
+  // The integer cut is exact: the arcs leaving the source side carry exactly
+  // the max flow (max-flow min-cut), summed without overflow.
+  __int128 cut_units = 0;
+  for (std::size_t k = 0; k < arcs.size(); ++k)
+    if (reached[static_cast<std::size_t>(arcs[k].tail)] && !reached[static_cast<std::size_t>(arcs[k].head)])
+      cut_units += capacity[k];
+  if (cut_units != static_cast<__int128>(flow))
+    throw std::logic_error("min-cut: the cut's integer capacity differs from the max flow " + std::to_string(flow));
   return reached;
 }
 
@@ -571,13 +603,13 @@ Cut Solver::solve(double lambda) const {
     if (recomputed[i]) {
       cut.recomputed.push_back(v);
       double seconds = recompute_seconds(graph_, v, options_.cost);
-      cut.recompute_seconds += seconds;
-      cut.recompute_flops += node.flops;
+      cut.recompute_seconds += seconds;  // each <= 1e30 s (cost.h): finite
+      cut.recompute_flops = add_finite(cut.recompute_flops, node.flops);
       cut.biased_seconds += seconds_[i];
       cut.policies[i] = tag == Policy::MustRecompute ? Policy::MustRecompute : Policy::PreferRecompute;
     } else if (saved[i]) {
       cut.saved.push_back(v);
-      cut.saved_bytes += node.output_bytes();
+      cut.saved_bytes = add_bytes(cut.saved_bytes, node.output_bytes());
       cut.biased_bytes += save_bytes_[i];
       if (tag != Policy::None) cut.policies[i] = never_recompute_[i] ? Policy::MustSave : Policy::PreferSave;
     }

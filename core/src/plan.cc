@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hyper_ac/mincut.h"
+#include "hyper_ac/saturate.h"
 #include "hyper_ac/simulate.h"
 
 namespace hyper_ac {
@@ -48,11 +49,13 @@ std::string joined(const std::vector<std::string>& items, std::size_t limit = 8)
 // The budget as a simulated peak (everything resident included). Absolute
 // sizes are that peak. A fraction f keeps f of the all-saved activation bytes:
 // the all-saved step's peak less (1 - f) of the activations its backward reads.
+// Saturates to [0, kMaxBytes]: a budget at or past 2^63 bytes is above any
+// simulated peak (those saturate there too), so it means no limit.
 std::int64_t budget_target(const Graph& graph, const MemoryBudget& budget, const SimulateResult& all_saved) {
-  if (const auto* bytes = std::get_if<BudgetBytes>(&budget)) return static_cast<std::int64_t>(bytes->bytes);
+  if (const auto* bytes = std::get_if<BudgetBytes>(&budget)) return bytes_from_double(bytes->bytes);
   const double fraction = std::get<BudgetFraction>(budget).fraction;
   double activations = static_cast<double>(summarize(graph).activation_bytes_read_by_backward);
-  return static_cast<std::int64_t>(static_cast<double>(all_saved.peak_bytes_with_resident) - (1.0 - fraction) * activations);
+  return bytes_from_double(static_cast<double>(all_saved.peak_bytes_with_resident) - (1.0 - fraction) * activations);
 }
 
 // Budget mode: the least-recompute point of the Pareto frontier whose

@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "hyper_ac/alias.h"
+#include "hyper_ac/saturate.h"
 
 namespace hyper_ac {
 
@@ -77,7 +78,7 @@ RematPlan plan_remat(const Graph& graph, const std::vector<Policy>& requested, c
     if (target[i] < 0) continue;
     plan.duplicates.push_back({static_cast<std::int32_t>(i), target[i]});
     duplicated[i] = 1;
-    plan.stats.recompute_flops += graph.nodes[i].flops;
+    plan.stats.recompute_flops = add_finite(plan.stats.recompute_flops, graph.nodes[i].flops);
   }
   plan.stats.nodes_duplicated = plan.duplicates.size();
 
@@ -131,7 +132,7 @@ RematPlan plan_remat(const Graph& graph, const std::vector<Policy>& requested, c
     auto root = static_cast<std::size_t>(roots[i]);
     if (!is_activation(graph.nodes[root]) || counted[root]) return;
     counted[root] = 1;
-    bytes += graph.nodes[root].output_bytes();
+    bytes = add_bytes(bytes, graph.nodes[root].output_bytes());
   };
   for (std::size_t i = 0; i < n; ++i) {
     if (saved_after[i]) plan.saved.push_back(static_cast<std::int32_t>(i));

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "hyper_ac/alias.h"
+#include "hyper_ac/saturate.h"
 
 namespace hyper_ac {
 
@@ -76,6 +77,7 @@ SimulateResult simulate_memory(const Graph& graph, const RematPlan* plan, const 
 
   // Pass 1: check the schedule, build the alias union-find, allocations.
   UnionFind storage(steps);
+  __int128 resident_total = 0;  // 128-bit sums: no int64 byte count overflows them (saturate.h)
   std::vector<std::int64_t> allocation(steps, 0);
   std::vector<char> resident(steps, 0);
   std::vector<std::int64_t> transfer(steps, 0);
@@ -98,7 +100,7 @@ SimulateResult simulate_memory(const Graph& graph, const RematPlan* plan, const 
     if (node.is_forward() && !step.duplicate && node.kind != NodeKind::Output) last_forward = static_cast<std::int32_t>(s);
     if (is_resident(node)) {
       resident[s] = 1;
-      result.resident_bytes += node.output_bytes();
+      resident_total += node.output_bytes();
       ++result.stats.resident_values;
       continue;
     }
@@ -145,15 +147,15 @@ SimulateResult simulate_memory(const Graph& graph, const RematPlan* plan, const 
   }
 
   // Pass 3: walk.
-  std::vector<std::int64_t> held(steps, 0);  // bytes allocated so far per storage root
+  std::vector<__int128> held(steps, 0);  // bytes allocated so far per storage root
   std::vector<char> counted(steps, 0);
-  std::int64_t live = 0;
+  __int128 live = 0, peak = 0;
   if (options.record_timeline) result.timeline.reserve(steps);
   for (std::size_t s = 0; s < steps; ++s) {
     if (transfer[s] > 0) {
       auto from = static_cast<std::size_t>(storage.find(schedule[s].inputs.front()));
       auto to = static_cast<std::size_t>(storage.find(static_cast<std::int32_t>(s)));
-      std::int64_t moved = std::min(transfer[s], held[from]);
+      __int128 moved = std::min(static_cast<__int128>(transfer[s]), held[from]);
       held[from] -= moved;
       held[to] += moved;
       if (moved > 0 && !counted[to]) {
@@ -170,9 +172,9 @@ SimulateResult simulate_memory(const Graph& graph, const RematPlan* plan, const 
         ++result.stats.storages;
       }
     }
-    if (options.record_timeline) result.timeline.push_back(live);
-    if (result.peak_step < 0 || live > result.peak_bytes) {
-      result.peak_bytes = live;
+    if (options.record_timeline) result.timeline.push_back(clamp_bytes(live));
+    if (result.peak_step < 0 || live > peak) {
+      peak = live;
       result.peak_step = static_cast<std::int32_t>(s);
       result.peak_node = schedule[s].node;
     }
@@ -181,12 +183,14 @@ SimulateResult simulate_memory(const Graph& graph, const RematPlan* plan, const 
       held[static_cast<std::size_t>(r)] = 0;
     }
     if (static_cast<std::int32_t>(s) == last_forward) {
-      result.boundary_bytes = live;
+      result.boundary_bytes = clamp_bytes(live);
       result.boundary_step = last_forward;
     }
   }
-  result.final_bytes = live;
-  result.peak_bytes_with_resident = result.peak_bytes + result.resident_bytes;
+  result.final_bytes = clamp_bytes(live);
+  result.peak_bytes = clamp_bytes(peak);
+  result.resident_bytes = clamp_bytes(resident_total);
+  result.peak_bytes_with_resident = clamp_bytes(peak + resident_total);
   return result;
 }
 

@@ -84,3 +84,39 @@ TEST_CASE("op policy override replaces only the named categories", "[config]") {
   CHECK(table.must_save == std::vector<std::string>{"aten::bmm"});
   CHECK(table.must_recompute == std::vector<std::string>{"aten::topk"});
 }
+
+// Issue 14: every float a config sets is finite and in its stated range
+// (docs/config.md), and the message says what was read.
+TEST_CASE("config floats: finite, in range, and the message says what was read", "[config][errors][numeric]") {
+  auto hardware = [](const std::string& flops, const std::string& bandwidth) {
+    return R"({"ac_mode": "auto", "ac_hardware": {"peak_flops": )" + flops + R"(, "memory_bandwidth": )" + bandwidth + "}}";
+  };
+  CHECK_THROWS_WITH(parse_config(hardware("1e-300", "1e12")),
+                    Catch::Contains("ac_hardware.peak_flops") && Catch::Contains("[1, 1e+30]") && Catch::Contains("1e-300"));
+  CHECK_THROWS_WITH(parse_config(hardware("1e14", "1e31")),
+                    Catch::Contains("ac_hardware.memory_bandwidth") && Catch::Contains("1e+31"));
+  CHECK_THROWS_WITH(parse_config(hardware("\"1e15\"", "1e12")),
+                    Catch::Contains("the string \"1e15\"") && Catch::Contains("write 1.0e+15"));
+  const Config edge = parse_config(hardware("1", "1e30"));
+  CHECK(edge.mincut.hardware.peak_flops == kMinHardwareSpeed);
+  CHECK(edge.mincut.hardware.memory_bandwidth == kMaxHardwareSpeed);
+
+  CHECK_THROWS_WITH(parse_config(R"({"ac_mode": "auto", "ac_lambda": 1e31})"),
+                    Catch::Contains("'ac_lambda'") && Catch::Contains("1e+31") && Catch::Contains("[0, 1e+30]"));
+  CHECK_THROWS_WITH(parse_config(R"({"ac_mode": "auto", "ac_lambda": -1})"), Catch::Contains("got -1"));
+  CHECK_THROWS_WITH(parse_config(R"({"ac_mode": "auto", "ac_lambda": "1e15"})"),
+                    Catch::Contains("the string \"1e15\"") && Catch::Contains("1.0e+15"));
+  CHECK(*parse_config(R"({"ac_mode": "auto", "ac_lambda": 1e30})").mincut.lambda == kMaxLambda);
+
+  // A number past the double range is a ConfigError, not the JSON library's out_of_range.
+  CHECK_THROWS_AS(parse_config(R"({"ac_mode": "auto", "ac_lambda": 1e309})"), ConfigError);
+  CHECK_THROWS_WITH(parse_config(R"({"ac_mode": "auto", "ac_lambda": 1e309})"), Catch::Contains("1e309"));
+
+  // memory_budget: any finite positive size; one past 2^63 bytes is "no limit" (plan.cc).
+  const Config huge = parse_config(R"({"ac_mode": "budget", "ac_memory_budget": 1e19})");
+  REQUIRE(std::holds_alternative<BudgetBytes>(huge.mincut.memory_budget));
+  CHECK(std::get<BudgetBytes>(huge.mincut.memory_budget).bytes == 1e19);
+  CHECK_THROWS_WITH(parse_config(R"({"ac_mode": "budget", "ac_memory_budget": "1e300TiB"})"),
+                    Catch::Contains("past the double range"));
+  CHECK_THROWS_AS(parse_config(R"({"ac_mode": "budget", "ac_memory_budget": "1e400"})"), ConfigError);
+}

@@ -1082,3 +1082,80 @@ TEST_CASE("capacities past 2^50 in all are scaled and the cut is still the optim
     CHECK(r.saved_bytes == N);
   }
 }
+
+// Issue 14: floats at the edges of their range. FLOPs near the double range on
+// the slowest accepted hardware with the largest accepted lambda keep every
+// capacity finite (recompute seconds clamp at kMaxRecomputeSeconds), the
+// capacities are scaled (unit > 1) and the cut is the brute-force optimum.
+TEST_CASE("extreme accepted floats give finite capacities and the optimal cut", "[mincut][numeric]") {
+  Net net;
+  net.input("x0", 1000);
+  net.input("w", 1000, Role::Parameter);
+  net.fw("x", "aten::mm.default", {"x0", "w"}, 1000, 1e308);
+  net.fw("huge", "aten::mm.default", {"x", "w"}, 1000, 1.7e308);
+  net.fw("c1", "aten::cos.default", {"w"}, 1000000);
+  net.tangent("t", 1000);
+  net.bw("g2", {"t", "c1"});
+  net.bw("g1", {"g2", "huge", "x"});
+  net.output({"g1"});
+  Graph g = net.graph();
+  auto tags = net.tags(Policy::PreferRecompute);
+  MinCutOptions options = gpu(kMaxLambda);
+  // The slowest accepted FLOP rate: each mm's 1e308 FLOPs would take 1e308 s;
+  // clamped to 1e30 s, times lambda 1e30 is 1e60 "bytes": finite.
+  options.cost.hardware = {"edge", kMinHardwareSpeed, kMaxHardwareSpeed};
+  options.prefer_recompute_factor = 2.0;
+  CHECK(recompute_seconds(g, net.at("huge"), options.cost) == kMaxRecomputeSeconds);
+  for (auto algorithm : {MaxFlowAlgorithm::BoykovKolmogorov, MaxFlowAlgorithm::PushRelabel}) {
+    options.algorithm = algorithm;
+    MinCutResult r = solve_min_cut(g, tags, options);
+    INFO("capacity unit " << r.stats.capacity_unit);
+    CHECK(r.stats.capacity_unit > 1.0);
+    CHECK(std::isfinite(r.objective));
+    CHECK(std::isfinite(r.recompute_seconds));
+    CHECK(std::isfinite(r.recompute_flops));
+    // Recomputing an mm costs ~1e60: both are saved. c1 (2e6 to save, 1e6 to
+    // recompute) is below one capacity unit (~1e45): either side is optimal
+    // within the documented bound of one unit per arc.
+    const Names saved = net.names(r.saved);
+    CHECK(std::count(saved.begin(), saved.end(), "x") == 1);
+    CHECK(std::count(saved.begin(), saved.end(), "huge") == 1);
+    CHECK(r.saved.size() + r.recomputed.size() == 3);
+    CHECK(r.objective < 1e40);  // never the 1e60 of recomputing an mm
+    FlowNetwork flow = flow_network(g, tags, options);
+    CHECK(flow.infinite_capacity > 0);
+    CHECK(flow.max_flow < flow.infinite_capacity);
+  }
+  // The pareto sweep over the same graph stays finite too.
+  ParetoResult frontier = pareto(g, tags, options);
+  for (const auto& p : frontier.points) CHECK(std::isfinite(p.objective));
+  // FLOP totals saturate at the largest double instead of becoming infinite.
+  std::vector<Policy> all(g.nodes.size(), Policy::None);
+  all[static_cast<std::size_t>(net.at("x"))] = Policy::MustRecompute;
+  all[static_cast<std::size_t>(net.at("huge"))] = Policy::MustRecompute;
+  RematPlan plan = plan_remat(g, all);
+  CHECK(plan.stats.recompute_flops == std::numeric_limits<double>::max());
+}
+
+TEST_CASE("min-cut rejects floats outside the stated ranges", "[mincut][errors][numeric]") {
+  Net net = mlp_net();
+  Graph g = net.graph();
+  auto tags = net.tags(Policy::PreferRecompute);
+  CHECK_THROWS_AS(solve_min_cut(g, tags, gpu(kMaxLambda * 10)), std::invalid_argument);
+  CHECK_THROWS_AS(solve_min_cut(g, tags, gpu(INFINITY)), std::invalid_argument);
+  for (double speed : {1e-300, 0.5, 1e31, double(INFINITY), double(NAN)}) {
+    INFO("speed " << speed);
+    MinCutOptions slow = gpu(1e10);
+    slow.cost.hardware.peak_flops = speed;
+    CHECK_THROWS_AS(solve_min_cut(g, tags, slow), std::invalid_argument);
+    slow = gpu(1e10);
+    slow.cost.hardware.memory_bandwidth = speed;
+    CHECK_THROWS_AS(solve_min_cut(g, tags, slow), std::invalid_argument);
+  }
+  MinCutOptions factor = gpu(1e10);
+  factor.prefer_save_factor = 1e7;
+  CHECK_THROWS_AS(solve_min_cut(g, tags, factor), std::invalid_argument);
+  factor = gpu(1e10);
+  factor.prefer_recompute_factor = NAN;
+  CHECK_THROWS_AS(solve_min_cut(g, tags, factor), std::invalid_argument);
+}

@@ -1,6 +1,7 @@
 // Memory simulator: exact timelines on small hand-built graphs.
 #include <catch2/catch.hpp>
 
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -239,4 +240,34 @@ TEST_CASE("a schedule that reads a value before it exists is rejected", "[simula
     CHECK(message.find("duplicate of 'c'") != std::string::npos);
     CHECK(message.find("reads 'b'") != std::string::npos);
   }
+}
+
+// Issue 14: byte sums near 2^62 (fuzz reproducer tests/fuzz/regressions/fixed/
+// bytes_2pow62_overflow) saturate at INT64_MAX instead of wrapping negative.
+TEST_CASE("byte sums past int64 saturate instead of wrapping", "[simulate][numeric]") {
+  const std::int64_t big = std::int64_t{1} << 62;
+  const std::int64_t max = std::numeric_limits<std::int64_t>::max();
+  Net net;
+  net.placeholder("x", big, Role::Input);
+  net.placeholder("w", big, Role::Parameter);
+  net.op("a", {"x", "w"}, big);
+  net.op("b", {"a"}, big);
+  net.op("c", {"a", "b"}, big);
+  net.placeholder("t", 4, Role::Tangent, Phase::Backward);
+  net.op("g", {"t", "a", "c"}, 4, Phase::Backward);
+  net.output({"c", "g"});
+  Graph g = net.graph();
+  SimulateResult r = simulate_memory(g, nullptr, timeline());
+  CHECK(r.resident_bytes == max);          // 2^62 + 2^62 (+ 4)
+  CHECK(r.peak_bytes == max);              // a, b and c alive together: 3 * 2^62
+  CHECK(r.peak_bytes_with_resident == max);
+  CHECK(r.boundary_bytes >= 0);
+  CHECK(r.final_bytes >= 0);
+  for (auto live : r.timeline) CHECK(live >= 0);
+  // One node with two outputs of 2^62 bytes each.
+  Node two;
+  two.outputs = {{big, "float32", {}}, {big, "float32", {}}};
+  CHECK(two.output_bytes() == max);
+  two.outputs.pop_back();
+  CHECK(two.output_bytes() == big);
 }

@@ -74,6 +74,10 @@ void check_plan(const hyper_ac::PlanResult& result) {
   if (!std::isfinite(s.recompute_seconds) || s.recompute_seconds < 0)
     finding("recompute_seconds not finite and >= 0", std::to_string(s.recompute_seconds));
   if (!std::isfinite(s.lambda)) finding("lambda not finite", std::to_string(s.lambda));
+  const double flops = result.remat.stats.recompute_flops;
+  if (!std::isfinite(flops) || flops < 0) finding("recompute_flops not finite and >= 0", std::to_string(flops));
+  if (result.remat.stats.saved_bytes_before < 0 || result.remat.stats.saved_bytes_after < 0)
+    finding("negative saved bytes", std::to_string(result.remat.stats.saved_bytes_after));
   if (s.budget_bytes < 0) finding("negative budget_bytes", std::to_string(s.budget_bytes));
 }
 

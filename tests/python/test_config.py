@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,42 @@ def test_recompute_policy_validates_its_fields():
         RecomputePolicy("layers.*")
     with pytest.raises(TypeError, match="on_applied"):
         RecomputePolicy(["a"], on_applied=3)
+
+
+# Issue 14: YAML spellings of numbers JSON cannot carry, or that YAML 1.1 reads
+# as strings, give messages saying what was read.
+@pytest.mark.parametrize("text, spelled", [(".inf", ".inf"), ("-.inf", "-.inf"), (".nan", ".nan"), (".NaN", ".nan")])
+def test_yaml_non_finite_numbers_are_named(tmp_path, text, spelled):
+    path = tmp_path / "c.yaml"
+    path.write_text(f"activation_checkpoint:\n  mode: auto\n  lambda: {text}\n")
+    with pytest.raises(ConfigError, match=rf"{path.name}.*'activation_checkpoint.lambda': read {re.escape(spelled)}.*finite"):
+        load_config(path)
+    path.write_text(f"ac_mode: auto\nac_hardware:\n  peak_flops: {text}\n  memory_bandwidth: 1.0e+12\n")
+    with pytest.raises(ConfigError, match=rf"'ac_hardware.peak_flops': read {re.escape(spelled)}"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=rf"'ac_memory_budget': read {re.escape(spelled)}"):
+        load_config({"ac_mode": "budget", "ac_memory_budget": float(text.replace(".", "").lower())})
+
+
+def test_yaml_exponent_without_a_dot_is_a_string_and_the_message_says_so(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("ac_mode: auto\nac_lambda: 1e15\n")
+    with pytest.raises(ConfigError, match=r"'ac_lambda'.*the string \"1e15\".*write 1\.0e\+15"):
+        load_config(path)
+    path.write_text("ac_mode: auto\nac_hardware: {peak_flops: 1e15, memory_bandwidth: 1.0e+12}\n")
+    with pytest.raises(ConfigError, match=r"'ac_hardware.peak_flops'.*the string \"1e15\".*1\.0e\+15"):
+        load_config(path)
+    path.write_text("ac_mode: auto\nac_lambda: 1.0e+15\n")  # YAML 1.1: a float needs the '.' and the sign
+    assert load_config(path).data["activation_checkpoint"]["lambda"] == 1e15
+    # A byte size may be a string: 1e15 bytes.
+    path.write_text("ac_mode: budget\nac_memory_budget: 1e15\n")
+    assert load_config(path).data["activation_checkpoint"]["memory_budget"] == 1e15
+
+
+def test_numbers_outside_their_range_name_the_range():
+    with pytest.raises(ConfigError, match=r"'ac_lambda'.*\[0, 1e\+30\].*1e\+31"):
+        load_config({"ac_mode": "auto", "ac_lambda": 1e31})
+    with pytest.raises(ConfigError, match=r"peak_flops.*\[1, 1e\+30\].*1e-300"):
+        load_config({"ac_mode": "auto", "ac_hardware": {"peak_flops": 1e-300, "memory_bandwidth": 1e12}})
+    # A budget past any peak is accepted (it means no limit).
+    assert load_config({"ac_mode": "budget", "ac_memory_budget": 1e19}).data["activation_checkpoint"]["memory_budget"] == 1e19

@@ -42,10 +42,16 @@ enum class Compiler { Eager, Inductor };
 const char* to_string(Compiler compiler);
 
 // Roofline hardware profile for recompute cost (min-cut modes).
+// Accepted ranges of the floats a config sets (docs/config.md): anything else,
+// and any non-finite value, is a ConfigError naming the key.
+constexpr double kMinHardwareSpeed = 1.0;     // peak_flops (FLOP/s), memory_bandwidth (bytes/s)
+constexpr double kMaxHardwareSpeed = 1.0e30;
+constexpr double kMaxLambda = 1.0e30;         // lambda in [0, kMaxLambda] bytes per second
+
 struct HardwareProfile {
   std::string name = "cpu";
-  double peak_flops = 1.0e11;         // FLOP/s
-  double memory_bandwidth = 2.0e10;   // bytes/s
+  double peak_flops = 1.0e11;         // FLOP/s, in [kMinHardwareSpeed, kMaxHardwareSpeed]
+  double memory_bandwidth = 2.0e10;   // bytes/s, same range
 };
 
 // The `budget` mode target. A number in (0, 1] is a fraction of the
@@ -54,7 +60,7 @@ struct BudgetFraction {
   double fraction = 0.0;  // 0 < fraction <= 1
 };
 struct BudgetBytes {
-  double bytes = 0.0;  // > 0
+  double bytes = 0.0;  // > 0 and finite; at or past 2^63 (more than any peak) it means no limit
 };
 // std::monostate = no budget (every mode but `budget`).
 using MemoryBudget = std::variant<std::monostate, BudgetFraction, BudgetBytes>;

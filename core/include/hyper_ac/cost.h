@@ -33,6 +33,11 @@ struct CostOptions {
   Compiler compiler = Compiler::Eager;
 };
 
+// A node's recompute time never exceeds this (seconds): flops near the
+// double range over a slow profile stay finite, and so do lambda * seconds
+// (lambda <= kMaxLambda, config.h) and sums over any graph.
+constexpr double kMaxRecomputeSeconds = 1.0e30;
+
 // The fusion groups of a graph under a compiler (all empty under eager).
 struct FusionGroups {
   // Per node: its group (0, 1, ... in graph order of the group's first
@@ -51,7 +56,8 @@ FusionGroups fusion_groups(const Graph& graph, const CostOptions& options);
 
 // Roofline seconds of one replay of `node` (index into graph.nodes) as its own
 // kernel; 0 for views, getitem, SymInt nodes and anything that is not a
-// call_function. Throws std::out_of_range for an index outside the graph.
+// call_function. Clamped to [0, kMaxRecomputeSeconds]; never NaN.
+// Throws std::out_of_range for an index outside the graph.
 double recompute_seconds(const Graph& graph, std::int32_t node, const CostOptions& options);
 
 // Seconds a group member's replay costs apart from its reads: its FLOPs plus

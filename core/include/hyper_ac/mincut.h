@@ -27,10 +27,17 @@ class MinCutError : public std::invalid_argument {
 enum class MaxFlowAlgorithm { BoykovKolmogorov, PushRelabel };
 const char* to_string(MaxFlowAlgorithm algorithm);
 
+// Accepted range of prefer_save_factor and prefer_recompute_factor.
+constexpr double kMinPreferFactor = 1.0e-6;
+constexpr double kMaxPreferFactor = 1.0e6;
+
 struct MinCutOptions {
   // Bytes per second of recompute time: objective = saved bytes + lambda *
   // recompute seconds. plan() passes effective_lambda(config) (memory
   // bandwidth / 4 unless configured); 1e10 for options built by hand.
+  // In [0, kMaxLambda] (config.h); cost.hardware speeds in
+  // [kMinHardwareSpeed, kMaxHardwareSpeed], both factors in
+  // [kMinPreferFactor, kMaxPreferFactor]: std::invalid_argument otherwise.
   double lambda = 1.0e10;
   // The recompute cost model (cost.h): roofline seconds per replayed node.
   CostOptions cost;

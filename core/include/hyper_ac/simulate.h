@@ -26,6 +26,9 @@ struct SimulateStats {
   std::size_t resident_values = 0;   // placeholders and get_attr nodes
 };
 
+// Byte figures are summed in 128 bits and reported saturated to
+// [0, kMaxBytes] (saturate.h): sizes near 2^62 give INT64_MAX, never a
+// negative or wrapped peak.
 struct SimulateResult {
   // Bytes of resident values: placeholders of every role (parameters,
   // buffers, inputs, tangents) and get_attr constants, alive from the start
