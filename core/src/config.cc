@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "json_reader.h"
+
 namespace hyper_ac {
 
 using json = nlohmann::json;
@@ -342,12 +344,12 @@ OpPolicyTable table_from_json(const json& value, const std::string& key, const O
 
 json parse_json(const std::string& text, const std::string& what) {
   try {
-    return json::parse(text);
-  } catch (const json::parse_error& error) {
-    throw ConfigError(what + " is not valid JSON: " + error.what());
-  } catch (const json::exception& error) {  // e.g. out_of_range.406: a number past the double range
-    throw ConfigError(what + " holds a number it cannot read: " + error.what() +
-                      " (numbers must be finite doubles, below about 1.8e308)");
+    return json_reader::parse_strict(text);
+  } catch (const json_reader::ReadError& error) {
+    if (error.kind == json_reader::ReadError::Kind::Malformed)
+      throw ConfigError(what + " is not valid JSON: " + error.what());
+    if (error.key.empty()) throw ConfigError(what + ": " + error.what());
+    fail(error.path, error.detail);  // config key 'activation_checkpoint.lambda': number 1e999 is out of range ...
   }
 }
 

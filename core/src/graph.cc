@@ -5,12 +5,14 @@
 #include <cinttypes>
 #include <cstdio>
 #include <sstream>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
 #include "hyper_ac/alias.h"
+#include "json_reader.h"
 
 namespace hyper_ac {
 
@@ -281,12 +283,21 @@ std::string stack_key(const std::vector<ModuleFrame>& frames) {
 
 }  // namespace
 
-LoadResult load_graph(const std::string& json_text, const LoadOptions& options) {
+[[noreturn]] void fail_read(const json_reader::ReadError& error) {
+  if (error.kind == json_reader::ReadError::Kind::Malformed)
+    throw GraphError(std::string("graph JSON is malformed: ") + error.what());
+  throw GraphError(std::string("graph JSON: ") + error.what());
+}
+
+// The reference loader: parses a DOM and validates it node by node. The
+// streaming loader (load_graph) hands any document it finds fault with to this
+// one, so the first problem is named exactly as here.
+static LoadResult load_graph_dom(const std::string& json_text, const LoadOptions& options) {
   json document;
   try {
-    document = json::parse(json_text);
-  } catch (const json::parse_error& error) {
-    throw GraphError(std::string("graph JSON is malformed: ") + error.what());
+    document = json_reader::parse_strict(json_text);
+  } catch (const json_reader::ReadError& error) {
+    fail_read(error);
   }
   if (!document.is_object()) fail("graph document", std::string("must be a JSON object, got ") + json_type(document));
   for (const auto& item : document.items())
@@ -369,6 +380,9 @@ LoadResult load_graph(const std::string& json_text, const LoadOptions& options) 
                           " (nodes must be in topological order; a cycle also shows up this way)");
         fail(where, "dangling input id " + std::to_string(input_id) + " (no node has this id)");
       }
+      if (std::find(node.inputs.begin(), node.inputs.end(), found->second) != node.inputs.end())
+        fail(where, "lists input id " + std::to_string(input_id) +
+                        " twice (each distinct input appears once in 'inputs', in FX all_input_nodes order)");
       node.inputs.push_back(found->second);
     }
 
@@ -425,6 +439,650 @@ LoadResult load_graph(const std::string& json_text, const LoadOptions& options) 
   auto model = document.find("model");
   if (model != document.end() && !model->is_null()) graph.model = parse_model(*model);
 
+  graph.finalize();
+  result.stats.nodes = graph.nodes.size();
+  for (const auto& node : graph.nodes) (node.is_forward() ? result.stats.forward_nodes : result.stats.backward_nodes)++;
+  result.stats.unique_stacks = graph.stacks.size();
+  return result;
+}
+
+namespace {
+
+// Every key the streaming loader tells apart, for duplicate-key checks without
+// strings and for dispatch. Node fields first (bit positions in a mask).
+enum Key : int {
+  kId, kName, kKind, kTarget, kInputs, kPhase, kOutputs, kFlops, kModuleStack, kRng, kSymint, kCollective,
+  kView, kSubgraph, kMutated, kMutatedInputs, kStack, kAliasedInputs, kRole, kPolicy, kRecomputedFrom,
+  kNodeFieldCount,
+  kBytes = kNodeFieldCount, kDtype, kShape, kFqn, kType, kFormat, kVersion, kModel, kNodes, kModuleStacks,
+  kKnownKeyCount,
+  kOther = -1
+};
+
+Key key_of(const std::string& k) {
+  auto is = [&](const char* literal) { return k == literal; };
+  switch (k.size()) {
+    case 2: return is("id") ? kId : kOther;
+    case 3: return is("rng") ? kRng : is("fqn") ? kFqn : kOther;
+    case 4:
+      return is("name") ? kName : is("kind") ? kKind : is("view") ? kView : is("role") ? kRole : is("type") ? kType : kOther;
+    case 5: return is("phase") ? kPhase : is("flops") ? kFlops : is("stack") ? kStack : is("bytes") ? kBytes : is("dtype") ? kDtype : is("shape") ? kShape : is("model") ? kModel : is("nodes") ? kNodes : kOther;
+    case 6: return is("target") ? kTarget : is("inputs") ? kInputs : is("symint") ? kSymint : is("policy") ? kPolicy : is("format") ? kFormat : kOther;
+    case 7: return is("outputs") ? kOutputs : is("mutated") ? kMutated : is("version") ? kVersion : kOther;
+    case 8: return is("subgraph") ? kSubgraph : kOther;
+    case 10: return is("collective") ? kCollective : kOther;
+    case 12: return is("module_stack") ? kModuleStack : kOther;
+    case 13: return is("module_stacks") ? kModuleStacks : kOther;
+    case 14: return is("mutated_inputs") ? kMutatedInputs : is("aliased_inputs") ? kAliasedInputs : kOther;
+    case 15: return is("recomputed_from") ? kRecomputedFrom : kOther;
+    default: return kOther;
+  }
+}
+
+bool parse_kind_fast(const std::string& text, NodeKind& out) {
+  if (text == "call_function") out = NodeKind::CallFunction;
+  else if (text == "placeholder") out = NodeKind::Placeholder;
+  else if (text == "get_attr") out = NodeKind::GetAttr;
+  else if (text == "output") out = NodeKind::Output;
+  else return false;
+  return true;
+}
+
+// What the value being read belongs to.
+enum class Ctx : std::uint8_t {
+  Top,          // the document object
+  Nodes,        // the 'nodes' array
+  Node,         // one node object
+  Ints,         // inputs / mutated_inputs / aliased_inputs
+  Outputs,      // a node's 'outputs' array
+  Fact,         // one tensor fact
+  Shape,        // a fact's 'shape'
+  Frames,       // a node's inline 'module_stack'
+  Frame,        // one {fqn, type}
+  Capture,      // 'model' and 'module_stacks': small, read into a DOM
+  Skip,         // anything else inside a document already found faulty, or ignored fields
+};
+
+// A streaming (SAX) loader: reads the document once, straight into the IR,
+// with the checks of load_graph_dom. It only decides valid or not: the first
+// fault found makes the caller re-read the document with load_graph_dom, which
+// names it exactly (errors are the slow path, valid graphs never build a DOM).
+// Faults of the JSON itself (malformed, a repeated key, a number past double
+// range) are thrown here at once, as the reference loader throws them first.
+class StreamLoader {
+ public:
+  StreamLoader(Graph& graph, std::size_t text_size) : graph_(graph) {
+    graph_.nodes.reserve(text_size / 160 + 16);
+  }
+
+  bool faulty() const { return faulty_; }
+  bool top_is_object() const { return top_object_; }
+  bool format_present() const { return format_present_; }
+  bool format_ok() const { return format_ok_; }
+  bool version_ok(const LoadOptions& options) const {
+    return version_present_ && version_int_ && (!options.strict_version || version_ == kGraphFormatVersion);
+  }
+  bool nodes_ok() const { return nodes_array_; }
+  json& model() { return model_; }
+  bool model_present() const { return model_present_; }
+
+  // ---- SAX interface ----
+  bool null() { return scalar(Scalar::Null); }
+  bool boolean(bool v) {
+    bool_ = v;
+    return scalar(Scalar::Bool);
+  }
+  bool number_integer(json::number_integer_t v) {
+    int_ = v;
+    double_ = static_cast<double>(v);
+    return scalar(Scalar::Int);
+  }
+  bool number_unsigned(json::number_unsigned_t v) {
+    double_ = static_cast<double>(v);
+    if (v > static_cast<json::number_unsigned_t>(INT64_MAX)) return scalar(Scalar::BigUnsigned);
+    int_ = static_cast<std::int64_t>(v);
+    return scalar(Scalar::Int);
+  }
+  bool number_float(json::number_float_t v, const json::string_t&) {
+    double_ = v;
+    return scalar(Scalar::Float);
+  }
+  bool string(json::string_t& v) {
+    string_ = &v;
+    return scalar(Scalar::String);
+  }
+  bool binary(json::binary_t&) { return scalar(Scalar::Other); }
+
+  bool key(json::string_t& k) {
+    path_.set_key(k);
+    const Key id = key_of(k);
+    Keys& seen = keys_.back();
+    if (id != kOther) {
+      const std::uint64_t bit = std::uint64_t{1} << id;
+      if (seen.mask & bit) json_reader::raise_duplicate_key(k, path_);
+      seen.mask |= bit;
+    } else {
+      if (std::find(seen.other.begin(), seen.other.end(), k) != seen.other.end())
+        json_reader::raise_duplicate_key(k, path_);
+      seen.other.push_back(k);
+    }
+    key_ = id;
+    if (ctx_.back() == Ctx::Capture) capture_key_ = k;
+    if (ctx_.back() == Ctx::Node && !faulty_) {
+      if (id == kOther || id >= kNodeFieldCount) fault();
+    }
+    return true;
+  }
+
+  bool start_object(std::size_t) {
+    const Ctx parent = ctx_.empty() ? Ctx::Top : ctx_.back();
+    Ctx next = Ctx::Skip;
+    if (ctx_.empty()) {
+      top_object_ = true;
+      next = Ctx::Top;
+    } else if (!faulty_ || parent == Ctx::Capture || parent == Ctx::Top) {
+      switch (parent) {
+        case Ctx::Top: next = begin_top_container(json::object()); break;
+        case Ctx::Nodes: begin_node(); next = Ctx::Node; break;
+        case Ctx::Outputs: fact_ = TensorFact(); fact_bytes_ = false; next = Ctx::Fact; break;
+        case Ctx::Frames: frame_ = ModuleFrame(); frame_fields_ = 0; next = Ctx::Frame; break;
+        case Ctx::Capture: capture_push(json::object()); next = Ctx::Capture; break;
+        case Ctx::Fact:
+          if (key_ == kBytes || key_ == kDtype || key_ == kShape) fault();
+          break;  // unknown fields of a fact are ignored
+        case Ctx::Frame:
+          if (key_ == kFqn || key_ == kType) fault();
+          break;  // unknown fields of a frame are ignored
+        case Ctx::Skip: break;
+        default: fault(); break;
+      }
+    }
+    open(next, /*array=*/false);
+    return true;
+  }
+  bool end_object() {
+    const Ctx done = ctx_.back();
+    close();
+    keys_.pop_back();
+    if (!faulty_) {
+      if (done == Ctx::Node) finish_node();
+      else if (done == Ctx::Fact) finish_fact();
+      else if (done == Ctx::Frame) finish_frame();
+    }
+    if (done == Ctx::Capture) capture_pop();
+    return true;
+  }
+  bool start_array(std::size_t) {
+    const Ctx parent = ctx_.empty() ? Ctx::Top : ctx_.back();
+    Ctx next = Ctx::Skip;
+    if (ctx_.empty()) {
+      fault();  // the document must be an object
+    } else if (!faulty_ || parent == Ctx::Capture || parent == Ctx::Top) {
+      switch (parent) {
+        case Ctx::Top:
+          if (key_ == kNodes) {
+            nodes_seen_ = true;
+            nodes_array_ = true;
+            next = faulty_ ? Ctx::Skip : Ctx::Nodes;
+          } else {
+            next = begin_top_container(json::array());
+          }
+          break;
+        case Ctx::Node:
+          switch (key_) {
+            case kInputs: next = Ctx::Ints; ints_ = &inputs_; break;
+            case kMutatedInputs: next = Ctx::Ints; ints_ = &mutated_; break;
+            case kAliasedInputs: next = Ctx::Ints; ints_ = &aliased_; break;
+            case kOutputs: next = Ctx::Outputs; break;
+            case kModuleStack: next = Ctx::Frames; frames_.clear(); break;
+            default: fault(); break;
+          }
+          if (next != Ctx::Skip) have_ |= std::uint32_t{1} << key_;
+          break;
+        case Ctx::Fact:
+          if (key_ == kShape) next = Ctx::Shape;
+          else if (key_ == kBytes || key_ == kDtype) fault();
+          break;  // other fields of a fact are ignored
+        case Ctx::Frame:
+          if (key_ == kFqn || key_ == kType) fault();
+          break;  // other fields of a frame are ignored
+        case Ctx::Skip: break;
+        case Ctx::Capture: capture_push(json::array()); next = Ctx::Capture; break;
+        default: fault(); break;
+      }
+    }
+    open(next, /*array=*/true);
+    return true;
+  }
+  bool end_array() {
+    const Ctx done = ctx_.back();
+    close();
+    if (done == Ctx::Capture) capture_pop();
+    return true;
+  }
+
+  bool parse_error(std::size_t, const std::string& token, const json::exception& error) {
+    json_reader::raise_parse_error(error, token, path_);
+  }
+
+  // After the parse: checks that need the whole document.
+  void finish_document() {
+    if (faulty_) return;
+    std::unordered_set<std::string_view> names;
+    names.reserve(graph_.nodes.size() * 2);
+    for (const auto& node : graph_.nodes)
+      if (!names.insert(node.name).second) return fault();
+  }
+
+ private:
+  enum class Scalar { Null, Bool, Int, BigUnsigned, Float, String, Other };
+  struct Keys {
+    std::uint64_t mask = 0;
+    std::vector<std::string> other;
+  };
+
+  void fault() { faulty_ = true; }
+
+  void open(Ctx ctx, bool array) {
+    ctx_.push_back(ctx);
+    if (array) {
+      path_.enter_array();
+    } else {
+      path_.enter_object();
+      keys_.emplace_back();
+    }
+  }
+  void close() {
+    ctx_.pop_back();
+    path_.leave();
+  }
+
+  // A container value of a top-level field other than 'nodes'.
+  Ctx begin_top_container(json&& empty) {
+    if (key_ == kModel) {
+      model_present_ = true;
+      model_ = std::move(empty);
+      capture_.assign(1, &model_);
+      return Ctx::Capture;
+    }
+    if (key_ == kModuleStacks) {
+      table_seen_ = true;
+      if (nodes_seen_) fault();  // the wire form puts the table first; anything else takes the reference path
+      table_ = std::move(empty);
+      capture_.assign(1, &table_);
+      table_open_ = true;
+      return Ctx::Capture;
+    }
+    if (key_ == kNodes) nodes_seen_ = true;
+    if (key_ == kFormat) format_present_ = true;
+    if (key_ == kVersion) version_present_ = true;
+    fault();  // a container for format/version/nodes(object), or an unknown field
+    return Ctx::Skip;
+  }
+
+  void capture_push(json&& value) {
+    json& parent = *capture_.back();
+    json* slot;
+    if (parent.is_array()) {
+      parent.push_back(std::move(value));
+      slot = &parent.back();
+    } else {
+      slot = &(parent[capture_key_] = std::move(value));
+    }
+    capture_.push_back(slot);
+  }
+  void capture_pop() {
+    capture_.pop_back();
+    if (capture_.empty() && table_open_) {
+      table_open_ = false;
+      read_table();
+    }
+  }
+  void capture_scalar(json&& value) {
+    json& parent = *capture_.back();
+    if (parent.is_array()) parent.push_back(std::move(value));
+    else parent[capture_key_] = std::move(value);
+  }
+
+  void read_table() {
+    if (faulty_) return;
+    if (!table_.is_array()) return fault();
+    try {
+      for (std::size_t t = 0; t < table_.size(); ++t) {
+        auto frames = parse_frames(table_[t], "module_stacks", "module_stacks");
+        if (frames.empty()) {
+          table_index_.push_back(-1);
+          continue;
+        }
+        table_index_.push_back(static_cast<std::int32_t>(graph_.stacks.size()));
+        graph_.stacks.push_back(std::move(frames));
+      }
+    } catch (const GraphError&) {
+      fault();
+    }
+    table_ = json();
+  }
+
+  bool scalar(Scalar type) {
+    if (ctx_.empty()) {
+      fault();  // a bare scalar document
+      return true;
+    }
+    const Ctx ctx = ctx_.back();
+    if (ctx == Ctx::Capture) {
+      capture_scalar(scalar_json(type));
+    } else if (ctx == Ctx::Top) {
+      top_scalar(type);
+    } else if (!faulty_ && ctx != Ctx::Skip) {
+      value(ctx, type);
+    }
+    path_.value_done();
+    return true;
+  }
+
+  json scalar_json(Scalar type) {
+    switch (type) {
+      case Scalar::Bool: return json(bool_);
+      case Scalar::Int: return json(int_);
+      case Scalar::BigUnsigned: return json(static_cast<json::number_unsigned_t>(double_));
+      case Scalar::Float: return json(double_);
+      case Scalar::String: return json(std::move(*string_));
+      default: return json(nullptr);
+    }
+  }
+
+  void top_scalar(Scalar type) {
+    switch (key_) {
+      case kFormat:
+        format_present_ = true;
+        format_ok_ = type == Scalar::String && *string_ == "hyper_ac.graph";
+        break;
+      case kVersion:
+        version_present_ = true;
+        version_int_ = type == Scalar::Int;
+        if (type == Scalar::BigUnsigned) version_int_ = true, version_ = -1;  // wraps negative in the DOM
+        else version_ = int_;
+        break;
+      case kModel:
+        model_present_ = true;
+        model_ = scalar_json(type);  // anything but null: parse_model names its type
+        break;
+      case kModuleStacks:
+        table_seen_ = true;
+        if (type != Scalar::Null) fault();
+        else if (nodes_seen_) fault();
+        break;
+      case kNodes:
+        nodes_seen_ = true;
+        fault();  // not an array
+        break;
+      default: fault(); break;
+    }
+  }
+
+  void value(Ctx ctx, Scalar type) {
+    switch (ctx) {
+      case Ctx::Node: return node_field(type);
+      case Ctx::Ints:
+        if (type != Scalar::Int) return fault();
+        ints_->push_back(int_);
+        return;
+      case Ctx::Shape:
+        if (type != Scalar::Int || int_ < 0) return fault();
+        fact_.shape.push_back(int_);
+        return;
+      case Ctx::Fact:
+        if (key_ == kBytes) {
+          if (type != Scalar::Int || int_ < 0) return fault();
+          fact_.bytes = int_;
+          fact_bytes_ = true;
+        } else if (key_ == kDtype) {
+          if (type == Scalar::String) fact_.dtype = std::move(*string_);
+          else if (type != Scalar::Null) fault();
+        } else if (key_ == kShape) {
+          if (type != Scalar::Null) fault();
+        }
+        return;  // other fields are ignored
+      case Ctx::Frame:
+        if (key_ == kFqn || key_ == kType) {
+          if (type != Scalar::String) return fault();
+          (key_ == kFqn ? frame_.fqn : frame_.type) = std::move(*string_);
+          frame_fields_ |= key_ == kFqn ? 1 : 2;
+        }
+        return;
+      default: return fault();  // Nodes, Outputs, Frames: scalars where objects belong
+    }
+  }
+
+  void begin_node() {
+    node_ = Node();
+    have_ = 0;
+    stack_ref_ = -1;
+    stack_given_ = false;
+    inputs_.clear();
+    frames_.clear();
+    mutated_.clear();
+    aliased_.clear();
+  }
+
+  void node_field(Scalar type) {
+    const Key key = key_;
+    if (type == Scalar::Null) {
+      // Optional fields may be null (= default); required ones may not.
+      switch (key) {
+        case kId: case kName: case kKind: case kTarget: case kInputs: case kPhase: return fault();
+        default: have_ |= std::uint32_t{1} << key; return;  // marks module_stack present for the 'both' check
+      }
+    }
+    have_ |= std::uint32_t{1} << key;
+    switch (key) {
+      case kId:
+        if (type != Scalar::Int || int_ < 0) return fault();
+        node_.id = int_;
+        return;
+      case kName:
+        if (type != Scalar::String || string_->empty()) return fault();
+        node_.name = std::move(*string_);
+        return;
+      case kKind:
+        if (type != Scalar::String || !parse_kind_fast(*string_, node_.kind)) return fault();
+        return;
+      case kTarget:
+        if (type != Scalar::String) return fault();
+        node_.target = std::move(*string_);
+        return;
+      case kPhase:
+        if (type != Scalar::String) return fault();
+        if (*string_ == "forward") node_.phase = Phase::Forward;
+        else if (*string_ == "backward") node_.phase = Phase::Backward;
+        else fault();
+        return;
+      case kFlops:
+        if (type != Scalar::Int && type != Scalar::Float && type != Scalar::BigUnsigned) return fault();
+        if (!(double_ >= 0.0)) return fault();
+        node_.flops = double_;
+        return;
+      case kStack:
+        if (type != Scalar::Int) return fault();
+        stack_ref_ = int_;
+        stack_given_ = true;
+        return;
+      case kRng: case kSymint: case kCollective: case kView: case kSubgraph: case kMutated: {
+        if (type != Scalar::Bool) return fault();
+        bool* flag = key == kRng ? &node_.rng : key == kSymint ? &node_.symint : key == kCollective ? &node_.collective
+                   : key == kView ? &node_.view : key == kSubgraph ? &node_.subgraph : &node_.mutated;
+        *flag = bool_;
+        return;
+      }
+      case kRole:
+        if (type != Scalar::String) return fault();
+        if (*string_ == "activation") node_.role = Role::Activation;
+        else if (*string_ == "parameter") node_.role = Role::Parameter;
+        else if (*string_ == "buffer") node_.role = Role::Buffer;
+        else if (*string_ == "input") node_.role = Role::Input;
+        else if (*string_ == "tangent") node_.role = Role::Tangent;
+        else fault();
+        return;
+      case kPolicy:
+        if (type != Scalar::String) return fault();
+        if (*string_ == "MUST_SAVE") node_.policy = Policy::MustSave;
+        else if (*string_ == "PREFER_SAVE") node_.policy = Policy::PreferSave;
+        else if (*string_ == "MUST_RECOMPUTE") node_.policy = Policy::MustRecompute;
+        else if (*string_ == "PREFER_RECOMPUTE") node_.policy = Policy::PreferRecompute;
+        else fault();
+        return;
+      case kRecomputedFrom:
+        if (type != Scalar::String) return fault();
+        node_.recomputed_from = std::move(*string_);
+        return;
+      default: return fault();  // an array field given a scalar
+    }
+  }
+
+  void finish_fact() {
+    if (!fact_bytes_) return fault();
+    node_.outputs.push_back(std::move(fact_));
+  }
+  void finish_frame() {
+    if (frame_fields_ != 3) return fault();
+    frames_.push_back(std::move(frame_));
+  }
+
+  bool positions(const std::vector<std::int64_t>& raw, std::vector<std::int32_t>& out) {
+    out.clear();
+    for (auto p : raw) {
+      if (p < 0 || static_cast<std::size_t>(p) >= node_.inputs.size()) return false;
+      out.push_back(static_cast<std::int32_t>(p));
+    }
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return true;
+  }
+
+  std::int32_t find_id(std::int64_t id) const {
+    if (id < 0) return -1;
+    if (id < static_cast<std::int64_t>(dense_.size())) return dense_[static_cast<std::size_t>(id)];
+    if (id < kDenseLimit) return -1;
+    auto it = sparse_.find(id);
+    return it == sparse_.end() ? -1 : it->second;
+  }
+  bool add_id(std::int64_t id, std::int32_t index) {
+    if (id < kDenseLimit) {
+      auto at = static_cast<std::size_t>(id);
+      if (at >= dense_.size()) dense_.resize(std::max(at + 1, dense_.size() * 2), -1);
+      if (dense_[at] >= 0) return false;
+      dense_[at] = index;
+      return true;
+    }
+    return sparse_.emplace(id, index).second;
+  }
+
+  void finish_node() {
+    constexpr std::uint32_t required = (1u << kId) | (1u << kName) | (1u << kKind) | (1u << kTarget) |
+                                       (1u << kInputs) | (1u << kPhase);
+    if ((have_ & required) != required) return fault();
+    const auto index = static_cast<std::int32_t>(graph_.nodes.size());
+    if (!add_id(node_.id, index)) return fault();
+    node_.inputs.reserve(inputs_.size());
+    for (auto input_id : inputs_) {
+      if (input_id == node_.id) return fault();
+      const std::int32_t found = find_id(input_id);
+      if (found < 0) return fault();
+      node_.inputs.push_back(found);
+    }
+    if (node_.inputs.size() > 1) {  // each distinct input once
+      if (node_.inputs.size() <= 16) {
+        for (std::size_t a = 1; a < node_.inputs.size(); ++a)
+          for (std::size_t b = 0; b < a; ++b)
+            if (node_.inputs[a] == node_.inputs[b]) return fault();
+      } else {
+        std::vector<std::int32_t> sorted = node_.inputs;
+        std::sort(sorted.begin(), sorted.end());
+        if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) return fault();
+      }
+    }
+    if (stack_given_) {
+      if (have_ & (1u << kModuleStack)) return fault();
+      if (stack_ref_ < 0 || static_cast<std::size_t>(stack_ref_) >= table_index_.size()) return fault();
+      node_.stack = table_index_[static_cast<std::size_t>(stack_ref_)];
+    }
+    if (!frames_.empty()) {
+      auto [it, inserted] = stack_index_.emplace(stack_key(frames_), static_cast<std::int32_t>(graph_.stacks.size()));
+      if (inserted) graph_.stacks.push_back(std::move(frames_));
+      node_.stack = it->second;
+      frames_.clear();
+    }
+    if (!positions(mutated_, node_.mutated_inputs) || !positions(aliased_, node_.aliased_inputs)) return fault();
+    if (node_.kind == NodeKind::Placeholder && !node_.inputs.empty()) return fault();
+    if (node_.mutated && node_.kind != NodeKind::Placeholder) return fault();
+    graph_.nodes.push_back(std::move(node_));
+  }
+
+  static constexpr std::int64_t kDenseLimit = std::int64_t{1} << 24;
+
+  Graph& graph_;
+  bool faulty_ = false;
+  std::vector<Ctx> ctx_;
+  json_reader::Path path_;
+  std::vector<Keys> keys_;
+  Key key_ = kOther;
+
+  // scalar just read
+  bool bool_ = false;
+  std::int64_t int_ = 0;
+  double double_ = 0.0;
+  std::string* string_ = nullptr;
+
+  // top level
+  bool top_object_ = false, format_present_ = false, format_ok_ = false;
+  bool version_present_ = false, version_int_ = false;
+  std::int64_t version_ = 0;
+  bool nodes_seen_ = false, nodes_array_ = false, table_seen_ = false, table_open_ = false;
+  bool model_present_ = false;
+  json model_, table_;
+  std::vector<json*> capture_;
+  std::string capture_key_;
+  std::vector<std::int32_t> table_index_;
+
+  // the node being read
+  Node node_;
+  std::uint32_t have_ = 0;
+  std::int64_t stack_ref_ = -1;
+  bool stack_given_ = false;
+  std::vector<std::int64_t> inputs_, mutated_, aliased_;
+  std::vector<std::int64_t>* ints_ = nullptr;
+  TensorFact fact_;
+  bool fact_bytes_ = false;
+  ModuleFrame frame_;
+  int frame_fields_ = 0;
+  std::vector<ModuleFrame> frames_;
+
+  std::vector<std::int32_t> dense_;
+  std::unordered_map<std::int64_t, std::int32_t> sparse_;
+  std::unordered_map<std::string, std::int32_t> stack_index_;
+};
+
+}  // namespace
+
+LoadResult load_graph(const std::string& json_text, const LoadOptions& options) {
+  LoadResult result;
+  bool valid = false;
+  {
+    StreamLoader loader(result.graph, json_text.size());
+    try {
+      json::sax_parse(json_text, &loader);
+    } catch (const json_reader::ReadError& error) {
+      fail_read(error);
+    }
+    loader.finish_document();
+    valid = !loader.faulty() && loader.top_is_object() && (!loader.format_present() || loader.format_ok()) &&
+            loader.version_ok(options) && loader.nodes_ok();
+    if (valid && loader.model_present() && !loader.model().is_null()) {
+      result.graph.model = parse_model(loader.model());  // its own errors, named as in the reference loader
+    }
+  }
+  if (!valid) return load_graph_dom(json_text, options);
+  Graph& graph = result.graph;
   graph.finalize();
   result.stats.nodes = graph.nodes.size();
   for (const auto& node : graph.nodes) (node.is_forward() ? result.stats.forward_nodes : result.stats.backward_nodes)++;

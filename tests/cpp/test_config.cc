@@ -75,6 +75,16 @@ TEST_CASE("config errors name the key", "[config][errors]") {
     CHECK_THROWS_WITH(parse_config(R"({"op_policy": {"must_saev": []}})"), Catch::Contains("did you mean 'must_save'"));
   }
   SECTION("not JSON") { CHECK_THROWS_AS(parse_config("{"), ConfigError); }
+  SECTION("a number past double range names the key (issue 14)") {
+    CHECK_THROWS_WITH(parse_config(R"({"activation_checkpoint": {"mode": "auto", "lambda": 1e999}})"),
+                      Catch::Contains("config key 'activation_checkpoint.lambda': number 1e999 is out of range"));
+  }
+  SECTION("a key given twice in one object is refused, not last-wins (issue 14)") {
+    CHECK_THROWS_WITH(parse_config(R"({"activation_checkpoint": {"mode": "full", "mode": "off"}})"),
+                      Catch::Contains("config key 'activation_checkpoint.mode': given twice"));
+    CHECK_THROWS_WITH(parse_op_policy(R"({"must_save": [], "must_save": []})"),
+                      Catch::Contains("config key 'must_save': given twice"));
+  }
 }
 
 TEST_CASE("op policy override replaces only the named categories", "[config]") {

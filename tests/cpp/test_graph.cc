@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <map>
+
 #include "graph_builder.h"
 #include "hyper_ac/graph.h"
 
@@ -179,4 +181,100 @@ TEST_CASE("the compact wire form (interned stacks, defaults left out) loads the 
   bad = wire;
   bad["extra"] = 1;
   expect_error(bad, {"unknown top-level field 'extra'"});
+}
+
+// ---- issue 14: faults of the JSON itself, named ----------------------------
+
+TEST_CASE("a number past double range is a GraphError naming the field", "[graph][errors]") {
+  std::string text = tiny().dump();
+  const std::string flops = "\"flops\":128";
+  REQUIRE(text.find(flops) != std::string::npos);
+  text.replace(text.find(flops), flops.size(), "\"flops\":1e309");
+  try {
+    load_graph(text);
+    FAIL("expected GraphError");
+  } catch (const GraphError& error) {
+    std::string message = error.what();
+    INFO(message);
+    CHECK(message.find("1e309") != std::string::npos);
+    CHECK(message.find("nodes[2].flops") != std::string::npos);
+    CHECK(message.find("out of range") != std::string::npos);
+  }
+  // The reproducer the fuzzer found (a GraphError, not nlohmann's out_of_range.406).
+  CHECK_THROWS_AS(load_graph(R"({"format": "hyper_ac.graph", "version": 1, "nodes": [{"id": 1e309}]})"), GraphError);
+}
+
+TEST_CASE("duplicate input ids on a node are rejected", "[graph][errors]") {
+  json doc = tiny();
+  doc["nodes"][9]["inputs"] = {8, 7, 8};
+  expect_error(doc, {"'mm_1'", "lists input id 8 twice"});
+  // Also on a node with many inputs (the streaming loader's sorted check).
+  doc = tiny();
+  json many = json::array();
+  for (int k = 0; k < 20; ++k) many.push_back(k % 10);
+  many.push_back(4);
+  doc["nodes"][10]["inputs"] = many;
+  expect_error(doc, {"'output'", "lists input id 0 twice"});
+}
+
+TEST_CASE("a JSON key repeated in one object is rejected, naming it", "[graph][errors]") {
+  std::string text = tiny().dump();
+  const std::string kind = "\"kind\":\"call_function\"";
+  const auto at = text.find(kind);
+  REQUIRE(at != std::string::npos);
+  text.insert(at, "\"kind\":\"placeholder\",");
+  CHECK_THROWS_WITH(load_graph(text), Catch::Contains("key 'kind' appears twice in 'nodes[2]'"));
+  CHECK_THROWS_WITH(load_graph(R"({"version": 1, "version": 1, "nodes": []})"),
+                    Catch::Contains("key 'version' appears twice in the document"));
+  // Repeats inside nested objects and the model section are caught too.
+  CHECK_THROWS_WITH(
+      load_graph(R"({"version": 1, "nodes": [], "model": {"type": "A", "modules": [{"fqn": "a", "fqn": "b", "type": "T"}]}})"),
+      Catch::Contains("key 'fqn' appears twice in 'model.modules[0]'"));
+}
+
+// The streaming loader hands every faulty document to the reference (DOM)
+// loader; these check both give the same graph on valid documents in the
+// shapes the streaming loader treats specially.
+TEST_CASE("streaming load: table after nodes, null optionals, ignored fact fields, sparse ids", "[graph][roundtrip]") {
+  json wire = tiny();
+  for (auto& node : wire["nodes"]) {
+    if (node.contains("module_stack")) {
+      node.erase("module_stack");
+      node["stack"] = 1;
+    }
+    node["policy"] = nullptr;
+    node["recomputed_from"] = nullptr;
+    if (node.contains("outputs")) node["outputs"][0]["note"] = {{"nested", {1, 2, {{"x", 3}}}}};
+  }
+  wire["module_stacks"] = json::array({json::array(), json::array({{{"fqn", "layers.0"}, {"type", "Block"}}})});
+  auto streamed = load_graph(wire.dump()).graph;
+  CHECK(print_graph(streamed) == print_graph(load_graph(tiny().dump()).graph));
+  CHECK(graph_to_json(streamed) == graph_to_json(load_graph(tiny().dump()).graph));
+  // module_stacks after nodes: legal, read by the reference path.
+  json after = wire;
+  after.erase("module_stacks");
+  std::string text = after.dump();
+  text.pop_back();  // the closing brace: append the table after 'nodes'
+  text += R"(,"module_stacks":[[],[{"fqn":"layers.0","type":"Block"}]]})";
+  auto a = load_graph(text).graph;
+  CHECK(a.stack_of(a.nodes[2]).front().fqn == "layers.0");
+  CHECK(a.nodes[0].stack == -1);
+  // Sparse, large ids (past the dense table).
+  json sparse = tiny();
+  std::map<std::int64_t, std::int64_t> remap;
+  for (auto& node : sparse["nodes"]) {
+    std::int64_t id = node["id"];
+    remap[id] = (std::int64_t{1} << 40) + id * 1000003;
+    node["id"] = remap[id];
+  }
+  for (auto& node : sparse["nodes"])
+    for (auto& input : node["inputs"]) input = remap[input.get<std::int64_t>()];
+  auto s = load_graph(sparse.dump()).graph;
+  auto t = load_graph(tiny().dump()).graph;
+  CHECK(print_graph(s) == print_graph(t));
+  CHECK(s.users == t.users);
+  // Flops as an integer past int64 (a valid number) and as a float.
+  json big = tiny();
+  big["nodes"][2]["flops"] = json::number_unsigned_t{18446744073709551615ull};
+  CHECK(load_graph(big.dump()).graph.nodes[2].flops == Approx(1.8446744073709552e19));
 }
