@@ -103,6 +103,11 @@ class Config:
     def mode(self) -> str:
         return self.data["activation_checkpoint"]["mode"]
 
+    @property
+    def rng(self) -> str:
+        """``replay`` (default) or ``save``: what the core may do with random ops (docs/config.md)."""
+        return self.data["activation_checkpoint"]["rng"]
+
     def to_json(self) -> str:
         return json.dumps(self.data, sort_keys=True)
 

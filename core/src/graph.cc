@@ -264,7 +264,7 @@ TensorFact parse_fact(const json& value, const std::string& where) {
 }
 
 const std::unordered_set<std::string> kNodeKeys = {
-    "id", "name", "kind", "target", "inputs", "phase", "outputs", "flops", "module_stack", "rng", "symint",
+    "id", "name", "kind", "target", "inputs", "phase", "outputs", "flops", "module_stack", "rng", "rng_state_bytes", "symint",
     "collective", "view", "subgraph", "mutated", "mutated_inputs", "stack", "aliased_inputs", "role", "policy", "recomputed_from"};
 
 std::string stack_key(const std::vector<ModuleFrame>& frames) {
@@ -401,6 +401,12 @@ LoadResult load_graph(const std::string& json_text, const LoadOptions& options) 
       }
     }
     node.rng = get_bool(raw, "rng", where);
+    auto state = raw.find("rng_state_bytes");
+    if (state != raw.end() && !state->is_null()) {
+      node.rng_state_bytes = get_int(*state, "field 'rng_state_bytes'", where);
+      if (node.rng_state_bytes < 0) fail(where, "field 'rng_state_bytes' must be >= 0");
+      if (node.rng_state_bytes > 0 && !node.rng) fail(where, "'rng_state_bytes' is only meaningful with 'rng': true");
+    }
     node.symint = get_bool(raw, "symint", where);
     node.collective = get_bool(raw, "collective", where);
     node.view = get_bool(raw, "view", where);
@@ -453,6 +459,7 @@ std::string graph_to_json(const Graph& graph) {
     for (const auto& frame : graph.stack_of(node)) stack.push_back({{"fqn", frame.fqn}, {"type", frame.type}});
     raw["module_stack"] = stack;
     raw["rng"] = node.rng;
+    if (node.rng_state_bytes > 0) raw["rng_state_bytes"] = node.rng_state_bytes;
     raw["symint"] = node.symint;
     raw["collective"] = node.collective;
     raw["view"] = node.view;
