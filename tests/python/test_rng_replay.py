@@ -280,3 +280,31 @@ def test_partition_leaves_no_stray_random_op_in_the_backward():
                    and isinstance(n.target, torch._ops.OpOverload)
                    and torch.Tag.nondeterministic_seeded in n.target.tags]
         assert drawing == [], f"rng: {rng}: the backward draws random numbers in {drawing}"
+
+
+def test_inductor_fallback_random_replays_the_forward_draws():
+    # With fallback_random=True Inductor keeps aten random ops (run as eager
+    # fallbacks), so the forward draws what eager draws and the replay draws
+    # the same again: the generator matches eager's after each phase, and the
+    # gradients match rng: save's (Inductor's float math differs from eager's,
+    # so against eager only to rounding).
+    import torch._inductor.config as inductor_config
+
+    model, batch, reference = _reference("random_ops")
+    got = {}
+    with inductor_config.patch(fallback_random=True):
+        for rng in ("replay", "save"):
+            compiled, results = _compiled(copy.deepcopy(model), _config("full", rng), compiler="inductor")
+            torch._dynamo.reset()
+            got[rng] = _step(compiled, batch)
+            torch._dynamo.reset()
+            if rng == "replay":
+                assert results[0].stats["rng_replayed"] > 0
+    for rng, (loss, grads, fwd, bwd) in got.items():
+        assert torch.equal(fwd, reference[2]), f"rng: {rng}: the forward drew differently from eager"
+        assert torch.equal(bwd, reference[3]), f"rng: {rng}: the backward advanced the user's generator"
+        torch.testing.assert_close(loss, reference[0], rtol=1e-5, atol=1e-6)
+        for name in reference[1]:
+            torch.testing.assert_close(grads[name], reference[1][name], rtol=1e-4, atol=1e-5)
+    for name in got["save"][1]:
+        torch.testing.assert_close(got["replay"][1][name], got["save"][1][name], rtol=1e-5, atol=1e-6)
