@@ -2,7 +2,9 @@
 
 The plan says what to do (``hyper_ac.plan``); this module only does it:
 ``node_copy`` each duplicate before its insertion point, redirect the backward
-consumers, erase dead originals, lint and recompile.
+consumers, turn the plan's random-op replays into
+``run_and_save_rng_state`` / ``run_with_rng_state`` pairs, erase dead
+originals, lint and recompile.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import operator
 from typing import Any, Mapping
 
+import torch
 from torch import fx
 from torch.utils.checkpoint import CheckpointPolicy
 
@@ -78,6 +81,9 @@ def apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], *, tag_only: bool = 
             raise ValueError(f"plan redirects '{consumer.name}' to a duplicate of '{original.name}', which was not made")
         consumer.replace_input_with(original, duplicate_of[original])
 
+    for entry in plan.get("rng_replays", []):
+        _replay_random_op(gm, entry, node_named, duplicate_of)
+
     for name in plan.get("erase", []):
         node = node_named(name, "erase")
         if node.users:
@@ -89,6 +95,48 @@ def apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], *, tag_only: bool = 
     if recompile:
         gm.recompile()
     return gm
+
+
+def _replay_random_op(gm: fx.GraphModule, entry: Mapping[str, Any], node_named: Any,
+                      duplicate_of: dict[fx.Node, fx.Node]) -> None:
+    """One plan ``rng_replays`` entry: the forward random op ``of`` runs under
+    ``run_and_save_rng_state`` (same draw, same generator advance) and keeps its
+    state as ``state``; its duplicate becomes ``run_with_rng_state(state, ...)``,
+    which draws the same numbers and restores the generator afterwards."""
+    from torch._guards import detect_fake_mode
+    from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+
+    graph = gm.graph
+    original = node_named(entry["of"], "rng replay")
+    duplicate = duplicate_of.get(original)
+    if duplicate is None:
+        raise ValueError(f"plan replays random op '{original.name}', which has no duplicate")
+    meta = {k: v for k, v in original.meta.items() if k not in ("val", "tensor_meta", "recompute")}
+    meta["autograd_backward"] = False
+    with graph.inserting_before(original):
+        wrapped = graph.call_function(run_and_save_rng_state, (original.target, *original.args), dict(original.kwargs))
+        state = graph.create_node("call_function", operator.getitem, (wrapped, 0), name=entry["state"])
+        output = graph.call_function(operator.getitem, (wrapped, 1))
+    # The state is a host byte tensor on every device (static size: a symbolic
+    # one would make the saved size a fresh symbol).
+    state_val = torch.empty(int(entry["state_bytes"]), dtype=torch.uint8)
+    fake_mode = detect_fake_mode([original.meta.get("val")])
+    if fake_mode is not None:
+        state_val = fake_mode.from_tensor(state_val, static_shapes=True)
+    for node in (wrapped, state, output):
+        node.meta.update(meta)
+    wrapped.meta["val"] = (state_val, original.meta.get("val"))
+    state.meta["val"] = state_val
+    output.meta["val"] = original.meta.get("val")
+    if "tensor_meta" in original.meta:
+        output.meta["tensor_meta"] = original.meta["tensor_meta"]
+    original.replace_all_uses_with(output)
+    graph.erase_node(original)
+
+    duplicate.target = run_with_rng_state
+    duplicate.args = (state, original.target, *duplicate.args)
+    duplicate.meta["ac_rng_replay"] = True
+    duplicate_of[output] = duplicate
 
 
 def _flatten_getitems(gm: fx.GraphModule) -> None:

@@ -120,6 +120,11 @@ class Config:
         data["activation_checkpoint"] = {**data["activation_checkpoint"], "compiler": compiler}
         return Config(json.loads(_core.validate_config(json.dumps(data))), self.source)
 
+    @property
+    def rng(self) -> str:
+        """``replay`` (default) or ``save``: what the core may do with random ops (docs/config.md)."""
+        return self.data["activation_checkpoint"]["rng"]
+
     def to_json(self) -> str:
         return json.dumps(self.data, sort_keys=True)
 

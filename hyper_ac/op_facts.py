@@ -189,6 +189,50 @@ def op_facts(target: Any) -> OpFacts:
     return facts
 
 
+# Bytes of the generator state run_and_save_rng_state returns, per device
+# type: CPU's mt19937 state (torch.get_rng_state()); CUDA/XPU's seed + philox
+# offset (a host byte tensor). Other devices: not replayable.
+_STATE_BYTES = {"cuda": 16, "xpu": 16}
+
+
+def _cpu_state_bytes() -> int:
+    if "cpu" not in _STATE_BYTES:
+        _STATE_BYTES["cpu"] = int(torch.get_rng_state().numel())
+    return _STATE_BYTES["cpu"]
+
+
+def rng_state_bytes(node: fx.Node) -> int:
+    """Bytes of the generator state a replay of random op ``node`` keeps; 0 = not replayable.
+
+    Replayable: an aten operator tagged ``nondeterministic_seeded`` drawing from
+    its device's default generator (no ``generator=``), on a device whose state
+    ``run_and_save_rng_state`` can save (cpu, cuda, xpu), read from a tensor
+    argument or the ``device=`` keyword.
+    """
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten":
+        return 0
+    if torch.Tag.nondeterministic_seeded not in target.tags:
+        return 0
+    facts = op_facts(target)
+    if "generator" in facts.arg_names:
+        if _arg_value(node, facts, facts.arg_names.index("generator")) is not None:
+            return 0
+    device = node.kwargs.get("device")
+    if device is None:
+        for arg in node.all_input_nodes:
+            val = arg.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                device = val.device
+                break
+    if device is None:
+        return 0
+    kind = torch.device(device).type
+    if kind == "cpu":
+        return _cpu_state_bytes()
+    return _STATE_BYTES.get(kind, 0)
+
+
 def _arg_value(node: fx.Node, facts: OpFacts, i: int) -> Any:
     if i < len(node.args):
         return node.args[i]

@@ -48,6 +48,23 @@ def _is_multi_output(node: fx.Node) -> bool:
     return isinstance(val, (tuple, list)) and node.op == "call_function"
 
 
+def _drop_stray_random_ops(bw_module: fx.GraphModule, joint_module: fx.GraphModule) -> None:
+    """Erase forward random ops the extraction copied into the backward with no reader.
+
+    ``_extract_fwd_bwd_modules`` can carry a forward random op over (with the
+    recomputation feeding it) although no backward node reads it; a random op
+    is impure, so dead-code elimination keeps it, and it would draw from the
+    user's generator on every backward. Backward random ops of the joint itself
+    are left alone.
+    """
+    joint_backward = {n.name for n in joint_module.graph.nodes if _is_backward(n)}
+    for node in reversed(list(bw_module.graph.nodes)):
+        if (node.op == "call_function" and not node.users and node.name not in joint_backward
+                and isinstance(node.target, torch._ops.OpOverload)
+                and torch.Tag.nondeterministic_seeded in node.target.tags):
+            bw_module.graph.erase_node(node)
+
+
 def partition_joint(
     joint_module: fx.GraphModule,
     _joint_inputs: Any = None,
@@ -71,6 +88,7 @@ def partition_joint(
         num_fwd_outputs=num_fwd_outputs,
         static_lifetime_input_nodes=static_nodes,
     )
+    _drop_stray_random_ops(bw_module, joint_module)
     fw_module.graph.eliminate_dead_code()
     bw_module.graph.eliminate_dead_code()
     fw_module.recompile()

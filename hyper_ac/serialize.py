@@ -9,6 +9,8 @@ Every fact is computed from torch, never guessed:
   schema alias annotations, mapped to positions in the node's ``inputs``
   (= ``node.all_input_nodes``); ``operator.getitem`` aliases its producer.
 * ``rng``: ``torch.Tag.nondeterministic_seeded`` (plus the RNG higher-order ops).
+* ``rng_state_bytes``: on a random op that can be replayed from a saved
+  generator state (:func:`hyper_ac.op_facts.rng_state_bytes`), that state's size.
 * ``symint``: ``meta["val"]`` is a ``SymInt``/``SymFloat``/``SymBool``.
 * ``collective``: the operator's namespace is a communication namespace.
 * ``flops``: ``torch.utils.flop_counter``'s per-op formula registry (0 without one).
@@ -32,7 +34,7 @@ import torch.nn as nn
 
 from hyper_ac import _core
 from hyper_ac.annotate import phase_of
-from hyper_ac.op_facts import _PY_SYM_TYPES, _flops, _output_facts, _positions, op_facts, target_name
+from hyper_ac.op_facts import _PY_SYM_TYPES, _flops, _output_facts, _positions, op_facts, rng_state_bytes, target_name
 
 __all__ = [
     "FORMAT",
@@ -246,6 +248,10 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
             else:
                 facts = op_facts(target)
                 entry["rng"] = facts.rng
+                if facts.rng:
+                    state_bytes = rng_state_bytes(node)
+                    if state_bytes:
+                        entry["rng_state_bytes"] = state_bytes
                 entry["collective"] = facts.collective
                 if facts.fusible:  # written only when true (docs/graph-format.md)
                     entry["fusible"] = True

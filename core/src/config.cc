@@ -15,6 +15,8 @@ namespace hyper_ac {
 
 using json = nlohmann::json;
 
+const char* to_string(RngPolicy rng) { return rng == RngPolicy::Replay ? "replay" : "save"; }
+
 const char* to_string(Mode mode) {
   switch (mode) {
     case Mode::Off: return "off";
@@ -118,6 +120,14 @@ std::vector<std::string> get_strings(const json& value, const std::string& key) 
     out.push_back(entry.get<std::string>());
   }
   return out;
+}
+
+RngPolicy parse_rng(const json& value, const std::string& key) {
+  if (!value.is_string()) fail(key, std::string("must be a string, got ") + value.type_name());
+  std::string text = value.get<std::string>();
+  if (text == "replay") return RngPolicy::Replay;
+  if (text == "save") return RngPolicy::Save;
+  fail(key, "unknown rng policy '" + text + "'; use replay or save");
 }
 
 Mode parse_mode(const json& value, const std::string& key) {
@@ -274,6 +284,7 @@ const std::vector<OptionKey>& option_keys() {
       {"ac_regions", "", "regions", [](const json& v, const std::string& k, Config& c) { parse_regions(v, k, c); }},
       {"ac_save_forward_all_gather", "", "save_forward_all_gather",
        [](const json& v, const std::string& k, Config& c) { c.save_forward_all_gather = get_bool(v, k); }},
+      {"ac_rng", "", "rng", [](const json& v, const std::string& k, Config& c) { c.rng = parse_rng(v, k); }},
       {"ac_memory_budget", "", "memory_budget",
        [](const json& v, const std::string& k, Config& c) { c.mincut.memory_budget = parse_budget(v, k); }},
       {"ac_lambda", "", "lambda", [](const json& v, const std::string& k, Config& c) { parse_lambda(v, k, c); }},
@@ -462,6 +473,7 @@ std::string config_to_json(const Config& config) {
                         {"exclude", config.scope.exclude},
                         {"output_recompute", config.scope.output_recompute}};
   section["save_forward_all_gather"] = config.save_forward_all_gather;
+  section["rng"] = to_string(config.rng);
   if (const auto* fraction = std::get_if<BudgetFraction>(&config.mincut.memory_budget))
     section["memory_budget"] = fraction->fraction;
   else if (const auto* bytes = std::get_if<BudgetBytes>(&config.mincut.memory_budget))

@@ -267,7 +267,7 @@ TensorFact parse_fact(const json& value, const std::string& where) {
 }
 
 const std::unordered_set<std::string> kNodeKeys = {
-    "id", "name", "kind", "target", "inputs", "phase", "outputs", "flops", "module_stack", "rng", "symint",
+    "id", "name", "kind", "target", "inputs", "phase", "outputs", "flops", "module_stack", "rng", "rng_state_bytes", "symint",
     "collective", "view", "fusible", "subgraph", "mutated", "mutated_inputs", "stack", "aliased_inputs", "role", "policy", "recomputed_from"};
 
 std::string stack_key(const std::vector<ModuleFrame>& frames) {
@@ -416,6 +416,12 @@ static LoadResult load_graph_dom(const std::string& json_text, const LoadOptions
       }
     }
     node.rng = get_bool(raw, "rng", where);
+    auto state = raw.find("rng_state_bytes");
+    if (state != raw.end() && !state->is_null()) {
+      node.rng_state_bytes = get_int(*state, "field 'rng_state_bytes'", where);
+      if (node.rng_state_bytes < 0) fail(where, "field 'rng_state_bytes' must be >= 0");
+      if (node.rng_state_bytes > 0 && !node.rng) fail(where, "'rng_state_bytes' is only meaningful with 'rng': true");
+    }
     node.symint = get_bool(raw, "symint", where);
     node.collective = get_bool(raw, "collective", where);
     node.view = get_bool(raw, "view", where);
@@ -453,6 +459,7 @@ namespace {
 enum Key : int {
   kId, kName, kKind, kTarget, kInputs, kPhase, kOutputs, kFlops, kModuleStack, kRng, kSymint, kCollective,
   kView, kSubgraph, kMutated, kMutatedInputs, kStack, kAliasedInputs, kRole, kPolicy, kRecomputedFrom,
+  kFusible, kRngStateBytes,
   kNodeFieldCount,
   kBytes = kNodeFieldCount, kDtype, kShape, kFqn, kType, kFormat, kVersion, kModel, kNodes, kModuleStacks,
   kKnownKeyCount,
@@ -468,13 +475,13 @@ Key key_of(const std::string& k) {
       return is("name") ? kName : is("kind") ? kKind : is("view") ? kView : is("role") ? kRole : is("type") ? kType : kOther;
     case 5: return is("phase") ? kPhase : is("flops") ? kFlops : is("stack") ? kStack : is("bytes") ? kBytes : is("dtype") ? kDtype : is("shape") ? kShape : is("model") ? kModel : is("nodes") ? kNodes : kOther;
     case 6: return is("target") ? kTarget : is("inputs") ? kInputs : is("symint") ? kSymint : is("policy") ? kPolicy : is("format") ? kFormat : kOther;
-    case 7: return is("outputs") ? kOutputs : is("mutated") ? kMutated : is("version") ? kVersion : kOther;
+    case 7: return is("outputs") ? kOutputs : is("mutated") ? kMutated : is("version") ? kVersion : is("fusible") ? kFusible : kOther;
     case 8: return is("subgraph") ? kSubgraph : kOther;
     case 10: return is("collective") ? kCollective : kOther;
     case 12: return is("module_stack") ? kModuleStack : kOther;
     case 13: return is("module_stacks") ? kModuleStacks : kOther;
     case 14: return is("mutated_inputs") ? kMutatedInputs : is("aliased_inputs") ? kAliasedInputs : kOther;
-    case 15: return is("recomputed_from") ? kRecomputedFrom : kOther;
+    case 15: return is("recomputed_from") ? kRecomputedFrom : is("rng_state_bytes") ? kRngStateBytes : kOther;
     default: return kOther;
   }
 }
@@ -907,10 +914,11 @@ class StreamLoader {
         stack_ref_ = int_;
         stack_given_ = true;
         return;
-      case kRng: case kSymint: case kCollective: case kView: case kSubgraph: case kMutated: {
+      case kRng: case kSymint: case kCollective: case kView: case kSubgraph: case kMutated: case kFusible: {
         if (type != Scalar::Bool) return fault();
         bool* flag = key == kRng ? &node_.rng : key == kSymint ? &node_.symint : key == kCollective ? &node_.collective
-                   : key == kView ? &node_.view : key == kSubgraph ? &node_.subgraph : &node_.mutated;
+                   : key == kView ? &node_.view : key == kSubgraph ? &node_.subgraph
+                   : key == kFusible ? &node_.fusible : &node_.mutated;
         *flag = bool_;
         return;
       }
@@ -934,6 +942,10 @@ class StreamLoader {
       case kRecomputedFrom:
         if (type != Scalar::String) return fault();
         node_.recomputed_from = std::move(*string_);
+        return;
+      case kRngStateBytes:
+        if (type != Scalar::Int || int_ < 0) return fault();
+        node_.rng_state_bytes = int_;
         return;
       default: return fault();  // an array field given a scalar
     }
@@ -981,6 +993,7 @@ class StreamLoader {
     constexpr std::uint32_t required = (1u << kId) | (1u << kName) | (1u << kKind) | (1u << kTarget) |
                                        (1u << kInputs) | (1u << kPhase);
     if ((have_ & required) != required) return fault();
+    if (node_.rng_state_bytes > 0 && !node_.rng) return fault();  // the DOM loader names it
     const auto index = static_cast<std::int32_t>(graph_.nodes.size());
     if (!add_id(node_.id, index)) return fault();
     node_.inputs.reserve(inputs_.size());
@@ -1113,6 +1126,7 @@ std::string graph_to_json(const Graph& graph) {
     for (const auto& frame : graph.stack_of(node)) stack.push_back({{"fqn", frame.fqn}, {"type", frame.type}});
     raw["module_stack"] = stack;
     raw["rng"] = node.rng;
+    if (node.rng_state_bytes > 0) raw["rng_state_bytes"] = node.rng_state_bytes;
     raw["symint"] = node.symint;
     raw["collective"] = node.collective;
     raw["view"] = node.view;

@@ -224,7 +224,7 @@ void Solver::classify() {
       never_recompute_[i] = "tagged MUST_SAVE";
     else if (tag == Policy::None)
       never_recompute_[i] = "untagged (outside every recompute region)";
-    else if (node.rng && options_.never_recompute_rng)
+    else if (node.rng && node.rng_state_bytes == 0 && options_.never_recompute_rng)
       never_recompute_[i] = "an RNG op";
 
     if (tag == Policy::MustRecompute)
@@ -480,7 +480,8 @@ Solver::Network Solver::build_network(double lambda) const {
         stamp[static_cast<std::size_t>(x)] = v;
         input_vertices.push_back(x);
       });
-    const double cost = lambda * seconds_[i];
+    // A replayed random op also keeps its generator state for the backward.
+    const double cost = lambda * seconds_[i] + static_cast<double>(graph_.nodes[i].rng ? graph_.nodes[i].rng_state_bytes : 0);
     std::int32_t in = kNone;
     bool own_in = false;
     if (never_recompute_[i]) {

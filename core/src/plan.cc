@@ -124,6 +124,7 @@ StageOptions stage_options(const Config& config, const OpPolicyTable& op_policy)
   stages.tag.mode = config.mode;
   stages.tag.op_policy = effective_op_policy(config, op_policy);
   stages.tag.save_forward_all_gather = config.save_forward_all_gather;
+  stages.tag.rng = config.rng;
   stages.cost.hardware = config.mincut.hardware;
   stages.cost.compiler = config.mincut.compiler;
   stages.mincut.lambda = effective_lambda(config.mincut);
@@ -322,7 +323,18 @@ std::string plan_to_json(const Graph& graph, const PlanResult& result, bool incl
   document["erase"] = erase;
   json saved = json::array();
   for (auto s : result.remat.saved) saved.push_back(name(s));
+  // A replayed random op R: the forward runs it under run_and_save_rng_state
+  // and saves the state (a value named "<R>_rng_state"), its duplicate reruns
+  // it from that state. Rendered only when there are some, so plans of graphs
+  // without replays keep their bytes.
+  json rng_replays = json::array();
+  for (auto r : result.remat.rng_replays) {
+    const std::string state = name(r) + "_rng_state";
+    rng_replays.push_back({{"of", name(r)}, {"state", state}, {"state_bytes", graph.nodes[static_cast<std::size_t>(r)].rng_state_bytes}});
+    saved.push_back(state);
+  }
   document["saved"] = saved;
+  if (!rng_replays.empty()) document["rng_replays"] = rng_replays;
   json regions = json::array();
   for (std::size_t r = 0; r < result.scope.regions.size(); ++r)
     regions.push_back({{"fqn", result.scope.regions[r]},
@@ -365,6 +377,11 @@ std::string plan_to_json(const Graph& graph, const PlanResult& result, bool incl
       {"budget_bytes", ps.budget_bytes},
       {"budget_met", ps.budget_met},
   };
+  if (rs.rng_replayed > 0 || ts.rng_replay_candidates > 0) {
+    document["stats"]["rng_replayed"] = rs.rng_replayed;
+    document["stats"]["rng_state_bytes"] = rs.rng_state_bytes;
+    document["stats"]["rng_replay_candidates"] = ts.rng_replay_candidates;
+  }
   json diagnostics = json::array();
   // Rendered as {level, message}; a diagnostic about one node also names it.
   for (const auto& d : result.diagnostics) {

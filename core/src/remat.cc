@@ -94,6 +94,7 @@ RematPlan plan_remat(const Graph& graph, const std::vector<Policy>& requested, c
   std::vector<char> erased(n, 0);
   for (auto it = plan.duplicates.rbegin(); it != plan.duplicates.rend(); ++it) {
     auto i = static_cast<std::size_t>(it->of);
+    if (graph.nodes[i].rng) continue;  // a random op still draws in the forward (its replay needs that state)
     bool read = false;
     for (auto user : graph.users[i]) {
       const Node& reader = graph.nodes[static_cast<std::size_t>(user)];
@@ -139,6 +140,16 @@ RematPlan plan_remat(const Graph& graph, const std::vector<Policy>& requested, c
     if (!is_activation(graph.nodes[i])) continue;
     if (saved_before[i]) count(i, counted_before, plan.stats.saved_values_before, plan.stats.saved_bytes_before);
     if (saved_after[i]) count(i, counted_after, plan.stats.saved_values_after, plan.stats.saved_bytes_after);
+  }
+
+  for (const auto& dup : plan.duplicates) {
+    const Node& node = graph.nodes[static_cast<std::size_t>(dup.of)];
+    if (!node.rng || node.rng_state_bytes <= 0) continue;
+    plan.rng_replays.push_back(dup.of);
+    ++plan.stats.rng_replayed;
+    plan.stats.rng_state_bytes += node.rng_state_bytes;
+    ++plan.stats.saved_values_after;
+    plan.stats.saved_bytes_after += node.rng_state_bytes;
   }
 
   if (options.validate) validate_plan(graph, plan);

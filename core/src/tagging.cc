@@ -71,7 +71,14 @@ struct Tagger {
       }
       if (scope.node_region[i] < 0 || scope.node_excluded[i]) continue;
       result.graph_id[i] = scope.node_region[i];
-      if (node.rng) {
+      if (node.rng && node.rng_state_bytes > 0 && options.rng == RngPolicy::Replay &&
+          node.output_bytes() > node.rng_state_bytes) {
+        // Replayed from its saved generator state if recomputed: that costs the
+        // state's bytes (charged by the min-cut and the remat plan), not its
+        // output's. A random op no larger than its state stays saved ("rng").
+        set(i, mode_policy(node), "rng-replay");
+        ++result.stats.rng_replay_candidates;
+      } else if (node.rng) {
         set(i, Policy::MustSave, "rng");
         ++result.stats.saved_rng;
       } else if (op_matches(table.saved_collectives, node.target) ||

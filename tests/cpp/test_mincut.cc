@@ -1158,4 +1158,45 @@ TEST_CASE("min-cut rejects floats outside the stated ranges", "[mincut][errors][
   factor = gpu(1e10);
   factor.prefer_recompute_factor = NAN;
   CHECK_THROWS_AS(solve_min_cut(g, tags, factor), std::invalid_argument);
+
+TEST_CASE("a replayable RNG op is recomputed when its state costs less than its output", "[mincut][rng]") {
+  // x -> drop (random, replayable) -> y = drop * x; the backward reads drop.
+  auto build = [](std::int64_t state_bytes) {
+    Net net;
+    net.input("x", 1000);
+    net.fw("drop", "aten::native_dropout.default", {"x"}, 1000);
+    net.node("drop").rng = true;
+    net.node("drop").rng_state_bytes = state_bytes;
+    net.fw("y", "aten::mul.Tensor", {"drop", "x"}, 1000);
+    net.tangent("t", 1000);
+    net.bw("gy", {"t", "drop"});
+    net.output({"y", "gy"});
+    return net;
+  };
+  SECTION("small state: recomputed, and the plan replays it, keeps the original and charges the state") {
+    Net net = build(16);
+    Graph g = net.graph();
+    MinCutResult r = solve_min_cut(g, net.tags(Policy::PreferRecompute), gpu(1.0));
+    CHECK(net.names(r.recomputed) == Names{"drop"});
+    CHECK(r.saved.empty());
+    RematPlan plan = plan_remat(g, r.policies);
+    CHECK(net.names(plan.rng_replays) == Names{"drop"});
+    CHECK(plan.erase.empty());  // the forward still draws
+    CHECK(plan.stats.rng_replayed == 1);
+    CHECK(plan.stats.rng_state_bytes == 16);
+    CHECK(plan.stats.saved_bytes_after == 16);
+  }
+  SECTION("state larger than the output: saved") {
+    Net net = build(5056);
+    Graph g = net.graph();
+    MinCutResult r = solve_min_cut(g, net.tags(Policy::PreferRecompute), gpu(1.0));
+    CHECK(net.names(r.saved) == Names{"drop"});
+    CHECK(r.recomputed.empty());
+  }
+  SECTION("not replayable (no state bytes): never recomputed") {
+    Net net = build(0);
+    Graph g = net.graph();
+    MinCutResult r = solve_min_cut(g, net.tags(Policy::PreferRecompute), gpu(1.0));
+    CHECK(net.names(r.saved) == Names{"drop"});
+  }
 }

@@ -137,6 +137,44 @@ TEST_CASE("RNG, SymInt and collectives are saved in every mode", "[tagging][gold
   CHECK(matches_golden("tag_structural", annotated(b, run(b, kFull))));
 }
 
+TEST_CASE("rng: replay tags a replayable random op by the mode; save pins it", "[tagging][rng]") {
+  // 64-byte outputs (the builder's default): a 16-byte state is worth replaying,
+  // a 5056-byte one is not, and 0 means not replayable at all.
+  for (std::int64_t state : {std::int64_t{0}, std::int64_t{16}, std::int64_t{5056}}) {
+    GraphBuilder b;
+    b.placeholder("x").placeholder("w", "parameter");
+    b.op("drop", "aten::native_dropout.default", {"x"}, "layers.0", {{"rng", true}, {"rng_state_bytes", state}})
+        .op("drop_out", "operator.getitem", {"drop"}, "layers.0", {{"aliased_inputs", {0}}})
+        .op("relu", "aten::relu.default", {"drop_out"}, "layers.0")
+        .op("out", "aten::sum.default", {"relu"}, "layers.0");
+    b.placeholder("t", "tangent", 4, "backward").bwd("g", "aten::threshold_backward.default", {"t", "relu"}).output({"out", "g"});
+    b.model("Net", {{"layers.0", "Block"}}, {{"layers.0", "Block"}});
+    const auto drop = static_cast<std::size_t>(b.index("drop"));
+    INFO("state bytes " << state);
+    PlanResult replay = run(b, kFull);
+    PlanResult save = run(b, R"({"ac_mode": "full", "ac_rng": "save"})");
+    CHECK(save.policies[drop] == Policy::MustSave);
+    CHECK(save.tags.reasons[drop] == "rng");
+    CHECK(save.remat.rng_replays.empty());
+    if (state == 16) {
+      CHECK(replay.policies[drop] == Policy::MustRecompute);
+      CHECK(replay.tags.reasons[drop] == "rng-replay");
+      CHECK(replay.tags.stats.rng_replay_candidates == 1);
+      REQUIRE(replay.remat.rng_replays.size() == 1);
+      CHECK(replay.remat.rng_replays[0] == b.index("drop"));
+      auto json_text = plan_to_json(b.graph(), replay);
+      CHECK(json_text.find(R"("rng_replays":[{"of":"drop","state":"drop_rng_state","state_bytes":16}])") != std::string::npos);
+      CHECK(json_text.find(R"("drop_rng_state")") != std::string::npos);
+    } else {
+      CHECK(replay.policies[drop] == Policy::MustSave);
+      CHECK(replay.tags.reasons[drop] == "rng");
+      CHECK(plan_to_json(b.graph(), replay).find("rng_replays") == std::string::npos);
+    }
+  }
+  CHECK_THROWS_WITH(parse_config(R"({"ac_mode": "full", "ac_rng": "sometimes"})"),
+                    Catch::Contains("ac_rng") && Catch::Contains("replay or save"));
+}
+
 TEST_CASE("in-place: the mutation, its users and readers of aliased storage are saved", "[tagging][golden]") {
   GraphBuilder b;
   b.placeholder("x");

@@ -89,17 +89,21 @@ def test_gradients_bitwise_equal(baselines, name, mode):
         assert stats["nodes_duplicated"] > 0
 
 
-def test_dropout_equal_under_same_seed():
+@pytest.mark.parametrize("rng", ["replay", "save"])
+def test_dropout_equal_under_same_seed(rng):
     model = models.build("transformer", dropout=0.2)
     batch = models.example_batch("transformer")
     torch.manual_seed(7)
     reference = _eager_step(copy.deepcopy(model), batch)
     for mode in ["full", "selective"]:
         torch.manual_seed(7)
-        got = _compiled_step(copy.deepcopy(model), batch, {"ac_mode": mode})
+        got = _compiled_step(copy.deepcopy(model), batch, {"ac_mode": mode, "ac_rng": rng})
         _assert_same(reference, got[:2])
         stats = got[2][0].stats
-        assert stats["saved_rng"] > 0, "dropout must be pinned to MUST_SAVE"
+        if rng == "save":
+            assert stats["saved_rng"] > 0, "rng: save pins dropout to MUST_SAVE"
+        else:
+            assert stats["rng_replayed"] > 0, "rng: replay recomputes dropout from its saved state"
 
 
 def _captured_plan(name: str, config: dict):

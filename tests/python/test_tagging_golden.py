@@ -396,6 +396,37 @@ def test_rng_save():
         assert not {d["of"] for d in p.plan["duplicates"]} & set(rng), "an RNG op is never replayed"
 
 
+def test_rng_replay():
+    # The same block at a size where each random output (8 KiB) outweighs the
+    # CPU generator state (5056 B): under rng: replay (the default) the random
+    # ops follow the mode and the plan replays them; rng: save pins them.
+    def make():
+        model = seeded(lambda: Blocks([DropoutBlock(64) for _ in range(2)]))
+        x = seeded(lambda: torch.randn(32, 64))
+        return model, capture.capture_joint(model, x, loss_fn=lambda y: y.sum()).graph_module
+
+    model, gm = cached("dropout_large", make)
+    state = torch.get_rng_state().numel()
+    for rng in ("replay", "save"):
+        p = plan(gm, model, {"ac_mode": "selective", "ac_rng": rng})
+        check_golden(f"rng_{rng}", p.text)
+        rng_ops = [n.name for n in p.forward() if "dropout" in target_name(n) or "bernoulli" in target_name(n)]
+        assert len(rng_ops) == 4
+        duplicated = {d["of"] for d in p.plan["duplicates"]}
+        if rng == "save":
+            assert all((p.policy(n), p.reason(n)) == ("MUST_SAVE", "rng") for n in rng_ops)
+            assert not duplicated & set(rng_ops) and "rng_replays" not in p.plan
+            continue
+        for name in rng_ops:
+            assert (p.policy(name), p.reason(name)) == ("PREFER_RECOMPUTE", "rng-replay"), p.line(name)
+        replays = p.plan["rng_replays"]
+        assert [r["of"] for r in replays] == [n for n in rng_ops if n in duplicated]
+        assert replays and all(r["state_bytes"] == state and r["state"] == r["of"] + "_rng_state" for r in replays)
+        assert all(r["state"] in p.plan["saved"] for r in replays)
+        assert not set(p.plan["erase"]) & set(rng_ops), "a replayed random op still draws in the forward"
+        assert p.stats["rng_replayed"] == len(replays) and p.stats["rng_state_bytes"] == state * len(replays)
+
+
 # --------------------------------------------------------------------------
 # SymInt: dynamic batch dimension
 # --------------------------------------------------------------------------

@@ -21,6 +21,13 @@ class ConfigError : public std::invalid_argument {
 enum class Mode { Off, Full, Selective, Auto, Budget };
 const char* to_string(Mode mode);
 
+// What happens to a replayable random op (Node::rng_state_bytes > 0) inside a
+// region: `replay` makes it a recompute candidate whose duplicate reruns it
+// under the generator state saved before the forward draw; `save` keeps its
+// output (MUST_SAVE), as for random ops that cannot be replayed.
+enum class RngPolicy { Replay, Save };
+const char* to_string(RngPolicy rng);
+
 // Operator policy table for `selective` (configs/op_policy.yaml). Entries are
 // operator names with or without overload ("aten::mm" matches "aten::mm.default").
 struct OpPolicyTable {
@@ -89,6 +96,7 @@ struct Config {
   std::string region_source = "blocks";  // or "model_adapter_safe_regions"
   ScopeOptions scope;
   bool save_forward_all_gather = false;
+  RngPolicy rng = RngPolicy::Replay;  // `rng: replay | save`
   // The config's op_policy section (canonical JSON), empty when absent: the
   // categories it names replace those of the default table.
   std::string op_policy_override;

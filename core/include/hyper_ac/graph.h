@@ -52,6 +52,9 @@ struct Node {
   double flops = 0.0;
   std::int32_t stack = -1;  // index into Graph::stacks; -1 = no enclosing module
   bool rng = false;
+  // Bytes of the generator state a replay of this random op saves (the
+  // forward runs it under run_and_save_rng_state); 0 = not replayable.
+  std::int64_t rng_state_bytes = 0;
   bool symint = false;
   bool collective = false;
   bool view = false;

@@ -53,9 +53,11 @@ struct MinCutOptions {
   // Bytes charged for saving a SymInt / symbolic scalar (tiny but not free, so
   // a cut never prefers a symbol for no reason).
   std::int64_t symint_bytes = 1;
-  // RNG ops are never recomputed, whatever their tag (a replay would draw
-  // different numbers). A MUST_RECOMPUTE RNG op the backward needs is then
-  // reported as infeasible.
+  // RNG ops without a replayable state (Node::rng_state_bytes == 0) are never
+  // recomputed, whatever their tag (a rerun would draw different numbers). A
+  // MUST_RECOMPUTE one the backward needs is then reported as infeasible.
+  // Replayable ones may be recomputed; their recompute arc also carries the
+  // state's bytes, which the backward then keeps instead of the output.
   bool never_recompute_rng = true;
 };
 

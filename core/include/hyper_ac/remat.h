@@ -36,7 +36,9 @@ struct RematStats {
   std::int64_t saved_bytes_before = 0;
   std::int64_t saved_bytes_after = 0;
   std::size_t saved_values_before = 0;
-  std::size_t saved_values_after = 0;
+  std::size_t saved_values_after = 0;  // (after: including the replay states)
+  std::size_t rng_replayed = 0;         // random ops replayed from a saved generator state
+  std::int64_t rng_state_bytes = 0;     // their states' bytes (part of saved_bytes_after)
   double recompute_flops = 0.0;         // FLOPs of all duplicates
   std::size_t pinned_projections = 0;   // getitems pin_tuple_projections turned to MUST_SAVE
 };
@@ -49,6 +51,10 @@ struct RematPlan {
   std::vector<Redirect> redirects;
   std::vector<std::int32_t> erase;    // reverse topological order
   std::vector<std::int32_t> saved;    // forward values the rewritten backward reads, graph order
+  // Duplicated random ops (Node::rng_state_bytes > 0), graph order: the
+  // forward saves each one's generator state, its duplicate replays from it.
+  // Their originals are never erased (the forward still draws).
+  std::vector<std::int32_t> rng_replays;
   RematStats stats;
 };
 

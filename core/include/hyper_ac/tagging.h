@@ -23,6 +23,10 @@ struct TagOptions {
   OpPolicyTable op_policy;
   // Also pin forward all-gathers to MUST_SAVE (otherwise they follow the mode).
   bool save_forward_all_gather = false;
+  // Random ops with a replayable state (Node::rng_state_bytes > 0): `replay`
+  // tags them by the mode like any op ("rng-replay"), unless their output is
+  // no larger than the state (then MUST_SAVE "rng"); `save` pins them MUST_SAVE.
+  RngPolicy rng = RngPolicy::Replay;
 };
 
 struct TagStats {
@@ -32,6 +36,7 @@ struct TagStats {
   std::size_t must_recompute = 0;
   std::size_t prefer_recompute = 0;
   std::size_t saved_rng = 0;
+  std::size_t rng_replay_candidates = 0;  // random ops tagged by the mode, to be replayed if recomputed
   std::size_t saved_symint = 0;
   std::size_t saved_collective = 0;
   std::size_t saved_inplace = 0;
