@@ -93,7 +93,7 @@ class PassPipeline(GraphPass):
         for i, p in enumerate(self.passes):
             if not callable(getattr(p, "run", None)):
                 raise TypeError(f"PassPipeline: pass #{i} ({p!r}) has no run(gm, config, **kw) method")
-        self.needs_unsharded_placeholders = any(p.needs_unsharded_placeholders for p in self.passes)
+        self.needs_unsharded_placeholders = any(getattr(p, "needs_unsharded_placeholders", False) for p in self.passes)
         self.shards_parameters = any(getattr(p, "shards_parameters", False) for p in self.passes)
         self.splits_stages = any(getattr(p, "splits_stages", False) for p in self.passes)
         _check_order(self.passes)
