@@ -107,8 +107,9 @@ def test_checkpointing_then_sharding_gives_the_same_loss_and_gradients(captured)
         want = pytree.tree_leaves(fx.Interpreter(reference).run(*args))
         got = pytree.tree_leaves(fx.Interpreter(gm).run(*args))
     assert len(want) == len(got) > 1  # the loss and the gradients
+    assert sum(isinstance(a, torch.Tensor) for a in want) > 1
     for a, b in zip(want, got):
-        assert torch.equal(a, b)
+        assert (a is None and b is None) or torch.equal(a, b)
 
 
 def test_checkpointing_after_sharding_is_rejected(captured):
