@@ -1,7 +1,7 @@
 # The two commands a fresh machine needs: `make demo` and `make test`.
 PYTHON ?= python3
 BUILD_DIR := build/py
-SOURCES := $(shell find core bindings cli tests/cpp -name '*.cc' -o -name '*.h' -o -name '*.cmake' 2>/dev/null) CMakeLists.txt pyproject.toml
+SOURCES := $(shell find core bindings cli tests/cpp -name '*.cc' -o -name '*.h' -o -name '*.cmake' 2>/dev/null) CMakeLists.txt pyproject.toml hyper_ac/configs/op_policy.yaml
 STAMP := $(BUILD_DIR)/.installed
 
 .PHONY: all deps build demo test test-cpp test-python test-sanitize fuzz fuzz-long bench clean

@@ -68,17 +68,21 @@ PYBIND11_MODULE(_core, m) {
   }, py::arg("table_json"));
 
   m.def("plan", [](const std::string& graph_json, const std::string& config_json, const std::string& op_policy_json,
-                   bool timings) {
+                   bool timings, bool timeline) {
     py::gil_scoped_release release;
     const auto started = std::chrono::steady_clock::now();
     auto loaded = load_graph(graph_json);
     const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    auto result = plan(loaded.graph, parse_plan_options(config_json, op_policy_json));
+    PlanOptions options = parse_plan_options(config_json, op_policy_json);
+    options.record_timeline = timeline;
+    auto result = plan(loaded.graph, options);
     result.timings.load_seconds = load_seconds;
     return plan_to_json(loaded.graph, result, timings);
   }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = "", py::arg("timings") = false,
+     py::arg("timeline") = false,
      "Plan save/recompute for a graph; return the plan JSON (with per-stage wall times under 'timings' if asked;\n"
-     "without them the plan is byte-identical for the same input).");
+     "without them the plan is byte-identical for the same input). timeline=True adds 'timeline': live activation\n"
+     "bytes per schedule step before/after the rewrite and each schedule's last forward step.");
 
   m.def("pareto", [](const std::string& graph_json, const std::string& config_json, const std::string& op_policy_json) {
     py::gil_scoped_release release;
@@ -102,6 +106,27 @@ PYBIND11_MODULE(_core, m) {
     return fqns;
   }, py::arg("graph_json"),
      "The unit FQNs scope finds for a graph: the marker rule over its model facts, else the module-stack rule.");
+
+  m.def("check_scope", [](const std::string& graph_json, const std::string& config_json) {
+    auto loaded = load_graph(graph_json);
+    const PlanOptions options = parse_plan_options(config_json, "");
+    py::dict d;
+    d["checked"] = false;
+    if (options.config.mode == Mode::Off) return d;
+    const StageOptions stages = stage_options(options.config, options.op_policy);  // the adapter checks
+    if (!discover_units(loaded.graph).from_model) return d;  // units come from module stacks: known after tracing
+    const Scope scope = resolve_scope(loaded.graph, stages.scope);  // layer selection, region/exclude patterns
+    std::vector<std::string> units, regions;
+    for (const auto& unit : scope.units) units.push_back(unit.fqn);
+    for (const auto& region : scope.regions) regions.push_back(region);
+    d["checked"] = true;
+    d["units"] = units;
+    d["regions"] = regions;
+    return d;
+  }, py::arg("graph_json"), py::arg("config_json"),
+     "The scope checks plan() runs, on a graph document that may hold only model facts (no nodes): the adapter\n"
+     "checks always; when the units come from the model (the gradient_checkpointing marker), the layer selection\n"
+     "and the region / exclude patterns too. Raises what plan() would; returns {checked, units, regions}.");
 
   m.def("score_recompute_set", [](const std::string& graph_json, const std::vector<std::string>& names,
                                   const std::string& config_json) {

@@ -5,6 +5,7 @@
 #include <sstream>
 #include <string>
 
+#include "default_op_policy.h"  // generated from hyper_ac/configs/op_policy.yaml
 #include "hyper_ac/config.h"
 #include "hyper_ac/graph.h"
 #include "hyper_ac/plan.h"
@@ -14,9 +15,12 @@ namespace {
 const char* kUsage =
     "usage: hyper-ac-plan GRAPH.json [--config CONFIG.json] [--op-policy TABLE.json] [--print] [--json]\n"
     "                     [--pareto | --flow-network]\n"
+    "       hyper-ac-plan --print-op-policy [--op-policy TABLE.json]\n"
     "  Loads and validates GRAPH.json (docs/graph-format.md) and prints its summary.\n"
     "  --config     plan it with this config (JSON; `python -m hyper_ac config FILE.yaml` converts YAML)\n"
-    "  --op-policy  the operator table (JSON; `python -m hyper_ac op-policy` prints the default)\n"
+    "  --op-policy  replace the built-in operator table (hyper_ac/configs/op_policy.yaml, compiled in) with\n"
+    "               this JSON one (`python -m hyper_ac op-policy` prints the default as JSON)\n"
+    "  --print-op-policy  print the operator table in use as JSON and exit\n"
     "  --print      print the graph's text form (annotated with policies when planning)\n"
     "  --json       print the plan JSON instead of the summary\n"
     "  --timings    print the wall time of each stage to stderr\n"
@@ -35,7 +39,7 @@ std::string read_file(const std::string& path) {
 
 int main(int argc, char** argv) {
   std::string graph_path, config_path, table_path;
-  bool print = false, as_json = false, timings = false, frontier = false, network = false;
+  bool print = false, as_json = false, timings = false, frontier = false, network = false, print_table = false;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     auto value = [&](const char* flag) -> std::string {
@@ -48,6 +52,7 @@ int main(int argc, char** argv) {
     if (arg == "--config") config_path = value("--config");
     else if (arg == "--op-policy") table_path = value("--op-policy");
     else if (arg == "--print") print = true;
+    else if (arg == "--print-op-policy") print_table = true;
     else if (arg == "--json") as_json = true;
     else if (arg == "--timings") timings = true;
     else if (arg == "--pareto") frontier = true;
@@ -56,6 +61,21 @@ int main(int argc, char** argv) {
     else if (!arg.empty() && arg[0] == '-') { std::cerr << "hyper-ac-plan: unknown option " << arg << "\n" << kUsage; return 2; }
     else if (graph_path.empty()) graph_path = arg;
     else { std::cerr << "hyper-ac-plan: more than one graph given\n" << kUsage; return 2; }
+  }
+  // The operator table: the shipped one unless --op-policy replaces it.
+  std::string table_json = hyper_ac_cli::kDefaultOpPolicy;
+  if (!table_path.empty()) {
+    try {
+      table_json = read_file(table_path);
+      hyper_ac::parse_op_policy(table_json);
+    } catch (const std::exception& error) {
+      std::cerr << "hyper-ac-plan: " << table_path << ": " << error.what() << "\n";
+      return 1;
+    }
+  }
+  if (print_table) {
+    std::cout << table_json << "\n";
+    return 0;
   }
   if (graph_path.empty()) {
     std::cerr << kUsage;
@@ -74,7 +94,7 @@ int main(int argc, char** argv) {
       std::cout << hyper_ac::format_summary(hyper_ac::summarize(loaded.graph));
       return 0;
     }
-    auto options = hyper_ac::parse_plan_options(read_file(config_path), table_path.empty() ? "" : read_file(table_path));
+    auto options = hyper_ac::parse_plan_options(read_file(config_path), table_json);
     if (frontier) {
       std::cout << hyper_ac::pareto_to_json(hyper_ac::pareto(loaded.graph, options)) << "\n";
       return 0;

@@ -18,6 +18,11 @@ __version__ = "0.1.0"
 _LAZY = {
     "ActivationCheckpointPass": ("hyper_ac.passes", "ActivationCheckpointPass"),
     "backend": ("hyper_ac.backends", "backend"),
+    "GraphPass": ("hyper_ac.pipeline", "GraphPass"),
+    "PassOrderError": ("hyper_ac.pipeline", "PassOrderError"),
+    "PassPipeline": ("hyper_ac.pipeline", "PassPipeline"),
+    "prepare_activation_checkpoint": ("hyper_ac.passes", "prepare_activation_checkpoint"),
+    "validate_for_model": ("hyper_ac.passes", "validate_for_model"),
     "load_config": ("hyper_ac.config", "load_config"),
     "pareto": ("hyper_ac.passes", "pareto"),
     "plan": ("hyper_ac.passes", "plan"),

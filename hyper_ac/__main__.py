@@ -1,5 +1,8 @@
-"""Command line: ``python -m hyper_ac {demo,plan,config,op-policy}``.
+"""Command line: ``python -m hyper_ac {demo,capture,plan,config,op-policy}``.
 
+Exit status: 0 on success; 1 when ``demo`` finds gradients that differ; 2 for
+a user error (unknown model, bad path, bad config or graph, bad argument),
+reported as one line ``hyper_ac: error: ...`` on stderr, never a traceback.
 The benchmark suite is not part of the package: ``python -m benchmarks`` from the checkout.
 """
 
@@ -72,12 +75,124 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if all(same for _, _, same in rows) else 1
 
 
+class UsageError(ValueError):
+    """A bad command-line argument: reported as one line, exit status 2."""
+
+
+def _progress(total: int, desc: str):
+    """A tqdm bar on stderr when tqdm is installed and stderr is a terminal; otherwise a silent stand-in."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        tqdm = None
+    if tqdm is not None:
+        return tqdm(total=total, desc=desc, file=sys.stderr, disable=None, leave=False, dynamic_ncols=True)
+
+    class _Silent:
+        def update(self, _n: int = 1) -> None:
+            pass
+
+        def set_postfix_str(self, _text: str) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    return _Silent()
+
+
+def _capture_model(spec: str, layers: int, seq: int):
+    """``transformer`` / ``mlp`` / ``hf:<arch>`` → (model, example-batch name)."""
+    from hyper_ac import models
+
+    arches = [n for n in models.HF_MODEL_NAMES]
+    choices = f"transformer, mlp or hf:<arch> with <arch> one of {', '.join(arches)}"
+    name = spec.strip().lower()
+    if name.startswith("hf:"):
+        arch = name[3:]
+        if arch not in arches:
+            raise UsageError(f"unknown HuggingFace architecture {arch!r} in --model {spec}; choose {choices}")
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            raise UsageError(f"--model {spec} needs the transformers package (pip install transformers)") from None
+        return models.build(arch, layers, max_seq=max(64, seq)), arch
+    if name == "transformer":
+        return models.build("transformer", layers, max_seq=max(64, seq)), "transformer"
+    if name == "mlp":
+        return models.build("mlp", layers), "mlp"
+    if name in arches:
+        raise UsageError(f"unknown model {spec!r}; HuggingFace models are named hf:{name}")
+    raise UsageError(f"unknown model {spec!r}; choose {choices}")
+
+
+def _check_output_path(path: str) -> None:
+    import os
+
+    target = os.path.abspath(path)
+    if os.path.isdir(target):
+        raise UsageError(f"output '{path}' is a directory; give a file name, e.g. -o graph.json")
+    parent = os.path.dirname(target)
+    if not os.path.isdir(parent):
+        raise UsageError(f"cannot write '{path}': directory '{os.path.dirname(path) or parent}' does not exist")
+    if not os.access(parent, os.W_OK) or (os.path.exists(target) and not os.access(target, os.W_OK)):
+        raise UsageError(f"cannot write '{path}': permission denied")
+
+
+def _capture(args: argparse.Namespace) -> int:
+    for flag, value, least in (("--layers", args.layers, 1), ("--batch", args.batch, 1), ("--seq", args.seq, 2)):
+        if value < least:
+            raise UsageError(f"{flag} must be at least {least}, got {value}")
+    _check_output_path(args.output)
+    import torch
+
+    from hyper_ac import _core, models
+    from hyper_ac.capture import capture_joint
+
+    bar = _progress(4, f"capture {args.model}")
+    try:
+        bar.set_postfix_str("building the model")
+        model, batch_name = _capture_model(args.model, args.layers, args.seq)
+        batch = models.example_batch(batch_name, batch=args.batch, seq=args.seq)
+        bar.update()
+        bar.set_postfix_str("tracing forward+backward")
+        torch.manual_seed(0)
+        captured = capture_joint(model, route=args.route, **batch)
+        bar.update()
+        bar.set_postfix_str("serialising")
+        graph_json = captured.to_json()
+        bar.update()
+        bar.set_postfix_str("writing")
+        try:
+            with open(args.output, "w") as out:
+                out.write(graph_json)
+        except OSError as error:
+            raise UsageError(f"cannot write '{args.output}': {error.strerror}") from None
+        bar.update()
+    finally:
+        bar.close()
+    summary = _core.graph_summary(graph_json)
+    print(f"{args.output}: {args.model}, {summary['nodes']} nodes (forward {summary['forward_nodes']}, "
+          f"backward {summary['backward_nodes']}), {summary['activations_read_by_backward']} activations read by "
+          f"the backward ({_core.format_bytes(summary['activation_bytes_read_by_backward'])}), captured in "
+          f"{captured.capture_seconds:.1f} s")
+    return 0
+
+
+def _read_text(path: str, what: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError as error:
+        raise UsageError(f"cannot read {what} '{path}': {error.strerror}") from None
+
+
 def _plan(args: argparse.Namespace) -> int:
     import hyper_ac
     from hyper_ac import _core
     from hyper_ac.config import load_config, op_policy_json
 
-    graph_json = open(args.graph).read()
+    graph_json = _read_text(args.graph, "graph file")
     if args.print:  # the same plan, through the core's text printer
         print(_core.print_plan(graph_json, load_config(args.config).json_for(None), op_policy_json()), end="")
     else:
@@ -99,6 +214,13 @@ def _op_policy(_args: argparse.Namespace) -> int:
     return 0
 
 
+def _is_user_error(error: BaseException) -> bool:
+    if isinstance(error, ValueError):  # UsageError, ConfigError, GraphError, ScopeError, JSON errors
+        return True
+    annotate = sys.modules.get("hyper_ac.annotate")  # CaptureError (graph break, ...) without importing torch here
+    return annotate is not None and isinstance(error, annotate.CaptureError)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog="python -m hyper_ac", description=__doc__)
@@ -107,6 +229,17 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--layers", type=int, default=2)
     demo.add_argument("--modes", nargs="+", default=["full", "selective", "auto", "budget"])
     demo.set_defaults(func=_demo)
+    capture = sub.add_parser(
+        "capture", help="capture a built-in model's joint forward+backward graph to JSON (tiny configs, no downloads)")
+    capture.add_argument("--model", required=True,
+                         help="transformer, mlp or hf:<arch> (gpt2, llama, mistral, qwen2, mixtral, bert)")
+    capture.add_argument("--layers", type=int, default=2, help="number of blocks (default 2)")
+    capture.add_argument("--batch", type=int, default=2, help="batch size of the example batch (default 2)")
+    capture.add_argument("--seq", type=int, default=16, help="sequence length of the example batch (default 16)")
+    capture.add_argument("--route", choices=("compile", "export"), default="compile",
+                         help="capture route (hyper_ac.capture.capture_joint; default compile)")
+    capture.add_argument("-o", "--output", required=True, help="where to write the graph JSON")
+    capture.set_defaults(func=_capture)
     plan = sub.add_parser("plan", help="plan a serialised graph JSON with a config")
     plan.add_argument("graph")
     plan.add_argument("config")
@@ -120,9 +253,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except ValueError as error:  # config / graph errors: the message names the key or node
-        print(f"hyper_ac: error: {error}", file=sys.stderr)
+    except Exception as error:  # config / graph / argument / capture errors: the message names what
+        if not _is_user_error(error):
+            raise
+        first = str(error).strip().splitlines()
+        print(f"hyper_ac: error: {first[0] if first else type(error).__name__}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("hyper_ac: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

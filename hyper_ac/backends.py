@@ -12,7 +12,7 @@ from torch import fx
 from hyper_ac import _core
 from hyper_ac.config import apply_adapter_hook, load_config
 from hyper_ac.partition import partition_joint
-from hyper_ac.passes import ActivationCheckpointPass
+from hyper_ac.passes import ActivationCheckpointPass, prepare_activation_checkpoint
 
 _LOG = logging.getLogger("hyper_ac")
 
@@ -59,6 +59,7 @@ def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: s
     from hyper_ac.annotate import annotate_joint
 
     cfg = load_config(config)
+    prepare_activation_checkpoint(model, cfg)  # adapter hook + every model-dependent config check, now
     if not isinstance(tag_only, bool):
         raise TypeError(f"hyper_ac.backend: tag_only must be a bool, got {type(tag_only).__name__}")
     if compiler not in ("eager", "inductor"):

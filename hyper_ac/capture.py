@@ -35,6 +35,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from hyper_ac.annotate import CaptureError, JointAnnotation, annotate_joint, num_forward_outputs_from_descs
+from hyper_ac.config import apply_adapter_hook
 
 __all__ = [
     "CaptureError",
@@ -161,7 +162,9 @@ def capture_joint(
 
     The loss is ``reduce_to_loss(output, loss_fn)``. ``route`` is
     ``"compile"`` (torch.compile + aot_autograd, default) or ``"export"``
-    (dynamo export + aot_export_joint_with_descriptors). A graph break raises
+    (dynamo export + aot_export_joint_with_descriptors). A registered model
+    adapter's ``on_applied`` hook runs first (once per model), so the trace
+    has its effect. A graph break raises
     :class:`CaptureError` naming dynamo's reason. The model is left as it
     was: no backward runs (``.grad`` untouched), and the compile route, which
     runs the forward once, restores the buffers (e.g. BatchNorm statistics)
@@ -171,6 +174,8 @@ def capture_joint(
     joint graph Inductor's partitioner sees.
     """
     model = _unwrap(model)
+    # The model adapter's on_applied hook changes the model: it runs before the trace, so the graph has its effect.
+    apply_adapter_hook(model)
     if route == "compile":
         return _capture_compile(model, example_args, example_kwargs, loss_fn, decompositions)
     if decompositions is not None:

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import math
 import os
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
@@ -54,6 +55,8 @@ class RecomputePolicy:
 
 
 _ADAPTERS: dict[type, RecomputePolicy] = {}
+# Models whose hook ran but that take no attribute (frozen / slotted): by id, for as long as they live.
+_HOOKED: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 def register_adapter(model_type: type, policy: RecomputePolicy) -> None:
@@ -79,18 +82,36 @@ def adapter_for(model: Any) -> Optional[RecomputePolicy]:
     return None
 
 
+def adapter_hook_ran(model: Any) -> bool:
+    """Whether the model's adapter hook has run (true when there is no hook to run)."""
+    policy = adapter_for(model)
+    if policy is None or policy.on_applied is None:
+        return True
+    return bool(getattr(model, "_hyper_ac_adapter_applied", False)) or _hooked(model)
+
+
+def _hooked(model: Any) -> bool:
+    try:
+        return model in _HOOKED
+    except TypeError:  # not weak-referenceable
+        return False
+
+
 def apply_adapter_hook(model: Any) -> None:
     """Run the adapter's ``on_applied(model)`` once per model instance."""
     policy = adapter_for(model)
     if policy is None or policy.on_applied is None:
         return
-    if getattr(model, "_hyper_ac_adapter_applied", False):
+    if getattr(model, "_hyper_ac_adapter_applied", False) or _hooked(model):
         return
     policy.on_applied(model)
     try:
         object.__setattr__(model, "_hyper_ac_adapter_applied", True)
-    except Exception:  # a frozen / slotted model: run-once is then per call
-        pass
+    except Exception:  # a frozen / slotted model: remembered weakly instead
+        try:
+            _HOOKED.add(model)
+        except TypeError:  # neither: run-once is then per call
+            pass
 
 
 @dataclasses.dataclass(frozen=True)

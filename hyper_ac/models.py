@@ -7,7 +7,7 @@ configs with random (seeded) initialisation.
 * :class:`TinyTransformer` — torch-only decoder-only transformer with the
   HuggingFace scope marker (``gradient_checkpointing``) and its blocks in a
   ``nn.ModuleList`` named ``layers``.
-* :func:`hf_model` — tiny ``gpt2`` / ``llama`` / ``mixtral`` / ``bert``.
+* :func:`hf_model` — tiny ``gpt2`` / ``llama`` / ``mistral`` / ``qwen2`` / ``mixtral`` / ``bert``.
 * :func:`example_batch` — inputs (with labels) whose forward returns a loss.
 * :func:`build` — one call for any of the above names.
 """
@@ -36,7 +36,7 @@ __all__ = [
 
 DEFAULT_SEED = 0
 
-HF_MODEL_NAMES = ("gpt2", "llama", "mixtral", "bert")
+HF_MODEL_NAMES = ("gpt2", "llama", "mistral", "qwen2", "mixtral", "bert")
 MODEL_NAMES = ("mlp", "transformer") + HF_MODEL_NAMES
 
 
@@ -193,6 +193,7 @@ def hf_model(
     """A tiny, randomly initialised HuggingFace model in training mode.
 
     ``name``: ``gpt2`` (GPT2LMHeadModel), ``llama`` (LlamaForCausalLM),
+    ``mistral`` (MistralForCausalLM), ``qwen2`` (Qwen2ForCausalLM),
     ``mixtral`` (MixtralForCausalLM, 4 experts, top-2), ``bert``
     (BertForMaskedLM). ``overrides`` go to the config unchanged.
     """
@@ -214,6 +215,15 @@ def hf_model(
             attention_dropout=dropout, **common,
         )
         cls, loss_type = tf.LlamaForCausalLM, "ForCausalLM"
+    elif name in ("mistral", "qwen2"):
+        config_cls, cls = {"mistral": (tf.MistralConfig, tf.MistralForCausalLM),
+                           "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM)}[name]
+        cfg = config_cls(
+            vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=num_layers,
+            num_attention_heads=heads, num_key_value_heads=max(1, heads // 2), max_position_embeddings=max_seq,
+            attention_dropout=dropout, **common,
+        )
+        loss_type = "ForCausalLM"
     elif name == "mixtral":
         cfg = tf.MixtralConfig(
             vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=num_layers,
@@ -254,7 +264,7 @@ def example_batch(model_name: str, batch: int = 2, seq: int = 16, *, vocab: int 
     if name == "mlp":
         return {"x": torch.randn(batch, dim, generator=g), "target": torch.randn(batch, dim, generator=g)}
     ids = torch.randint(0, vocab, (batch, seq), generator=g)
-    if name in ("transformer", "gpt2", "llama", "mixtral"):
+    if name in ("transformer", "gpt2", "llama", "mistral", "qwen2", "mixtral"):
         return {"input_ids": ids, "labels": ids.clone()}
     if name == "bert":
         labels = torch.full_like(ids, -100)

@@ -4,6 +4,9 @@ Every save/recompute decision is the core's (``hyper_ac._core.plan``);
 :func:`plan` hands the graph over, :class:`ActivationCheckpointPass` applies
 the edits it gets back (:mod:`hyper_ac.apply`), :func:`pareto` asks the core
 for the saved-bytes / recompute-cost frontier.
+:func:`prepare_activation_checkpoint` is the step every route takes before
+it traces: the adapter hook, then the model-dependent config checks
+(:func:`validate_for_model`).
 """
 
 from __future__ import annotations
@@ -19,11 +22,66 @@ from torch import fx
 
 from hyper_ac import _core
 from hyper_ac.apply import apply_plan
-from hyper_ac.config import Config, apply_adapter_hook, load_config, op_policy_json
+from hyper_ac.config import Config, adapter_for, adapter_hook_ran, apply_adapter_hook, load_config, op_policy_json
+from hyper_ac.pipeline import GraphPass, PassOrderError, placeholders_rewritten_by
 
 _LOG = logging.getLogger("hyper_ac")
 
-__all__ = ["ActivationCheckpointPass", "PassResult", "plan", "pareto"]
+__all__ = ["ActivationCheckpointPass", "PassResult", "Prepared", "plan", "pareto", "prepare_activation_checkpoint",
+           "validate_for_model"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """What :func:`prepare_activation_checkpoint` resolved before any trace.
+
+    ``scope_checked``: the units come from the live model (the
+    ``gradient_checkpointing`` marker), so layer selection and region patterns
+    were checked and ``units`` / ``regions`` are the core's; otherwise the units
+    are read off the module stacks once a graph exists and both lists are empty.
+    """
+
+    config: Config
+    scope_checked: bool = False
+    units: tuple = ()
+    regions: tuple = ()
+
+
+def validate_for_model(config: Any, model: Any) -> Prepared:
+    """Every check of ``config`` that needs only the live ``model``, done now rather than at the first trace.
+
+    The core runs the same scope checks as :func:`plan` on the model's facts
+    (``hyper_ac.serialize.model_facts``, no graph nodes): an adapter source
+    without an adapter, layer indices or counts beyond the model's units, region
+    and exclude patterns that match no module inside the selection. Raises the
+    same ``ConfigError`` / ``ScopeError`` (``ValueError``) the plan would.
+    """
+    cfg = load_config(config)
+    if model is None or cfg.mode == "off":
+        return Prepared(cfg)
+    from hyper_ac.serialize import FORMAT, VERSION, model_facts
+
+    doc = {"format": FORMAT, "version": VERSION, "model": model_facts(getattr(model, "_orig_mod", model)), "nodes": []}
+    found = _core.check_scope(json.dumps(doc, separators=(",", ":")), cfg.json_for(model))
+    if not found["checked"]:
+        return Prepared(cfg)
+    return Prepared(cfg, True, tuple(found["units"]), tuple(found["regions"]))
+
+
+def prepare_activation_checkpoint(model: Any, config: Any) -> Prepared:
+    """Get ``model`` ready for activation checkpointing, before anything traces it.
+
+    Runs the model adapter's ``on_applied(model)`` (once per model) and then
+    :func:`validate_for_model`, so the trace sees the hook's effect and a config
+    that cannot fit the model fails here with the core's message. Every route
+    calls it: ``hyper_ac.backend(config, model=...)`` when it is created,
+    ``hyper_ac.capture.capture_joint`` (the hook) before it traces; call it
+    yourself before tracing a graph any other way.
+    """
+    cfg = load_config(config)
+    if model is not None:
+        apply_adapter_hook(model)
+    return validate_for_model(cfg, model)
 
 
 @dataclasses.dataclass
@@ -83,7 +141,8 @@ def _graph_json(graph: Union[fx.GraphModule, str, Mapping[str, Any]], model: Any
                     f"got {type(graph).__name__}")
 
 
-def plan(graph: Union[fx.GraphModule, str, Mapping[str, Any]], config: Any, model: Any = None) -> PassResult:
+def plan(graph: Union[fx.GraphModule, str, Mapping[str, Any]], config: Any, model: Any = None, *,
+         timeline: bool = False) -> PassResult:
     """The core's plan for a joint graph, without changing it: the one entry
     the pass, the CLI and the benchmark call.
 
@@ -92,17 +151,23 @@ def plan(graph: Union[fx.GraphModule, str, Mapping[str, Any]], config: Any, mode
     ``config``: a preset name, YAML path, dict or :class:`Config`.
     ``model``: the live module, for its ``model`` section and its adapter's
     region patterns.
+    ``timeline=True``: the plan also carries the core's simulated live
+    activation bytes per schedule step, ``plan["timeline"] = {"before": [...],
+    "after": [...], "boundary_before": i, "boundary_after": j}`` (the last
+    forward step of each schedule); without it the plan is unchanged.
     """
+    if not isinstance(timeline, bool):
+        raise TypeError(f"hyper_ac.plan: timeline must be a bool, got {type(timeline).__name__}")
     cfg = load_config(config)
     t0 = time.perf_counter()
     graph_json = _graph_json(graph, model, "plan")
     t1 = time.perf_counter()
-    plan_text = _core.plan(graph_json, cfg.json_for(model), op_policy_json())
+    plan_text = _core.plan(graph_json, cfg.json_for(model), op_policy_json(), timeline=timeline)
     t2 = time.perf_counter()
     return PassResult(cfg.mode, json.loads(plan_text), plan_seconds=t2 - t1, serialize_seconds=t1 - t0)
 
 
-class ActivationCheckpointPass:
+class ActivationCheckpointPass(GraphPass):
     """Static-graph activation checkpointing for a joint forward+backward graph.
 
     ``ActivationCheckpointPass(config).run(gm, model=model)`` or
@@ -116,6 +181,7 @@ class ActivationCheckpointPass:
     """
 
     name = "activation_checkpoint"
+    needs_unsharded_placeholders = True  # see hyper_ac.pipeline: runs before sharding / stage splitting
 
     def __init__(self, config: Any = None, *, tag_only: bool = False) -> None:
         if not isinstance(tag_only, bool):
@@ -132,8 +198,19 @@ class ActivationCheckpointPass:
         if cfg.mode == "off":
             self.result = PassResult("off", {})
             return graph_module
-        if model is not None:
-            apply_adapter_hook(model)
+        rewritten = placeholders_rewritten_by(graph_module)
+        if rewritten:
+            raise PassOrderError(
+                f"activation checkpointing runs on a graph whose placeholders {', '.join(map(repr, rewritten))} "
+                "already rewrote (sharded parameters or split stages); run ActivationCheckpointPass before that "
+                "pass (docs/architecture.md, 'Passes and their order')")
+        if model is not None and not adapter_hook_ran(model):
+            policy = adapter_for(model)
+            raise ValueError(
+                f"the model adapter of {type(model).__name__} has an on_applied hook that has not run, so this graph "
+                f"was traced without its effect (hook {getattr(policy.on_applied, '__qualname__', policy.on_applied)!r}); "
+                "call hyper_ac.prepare_activation_checkpoint(model, config) before tracing "
+                "(hyper_ac.capture.capture_joint and hyper_ac.backend do)")
         result = plan(graph_module, cfg, model)
         t0 = time.perf_counter()
         apply_plan(graph_module, result.plan, tag_only=self.tag_only, recompile=recompile)
@@ -153,12 +230,17 @@ class ActivationCheckpointPass:
 
 def pareto(graph: Union[fx.GraphModule, str, Mapping[str, Any]], config: Any = None, *, model: Any = None,
            plot: Optional[str] = None):
-    """The saved-bytes / recompute-cost frontier across λ (min-cut modes); ``graph`` as for :func:`plan`."""
+    """The saved-bytes / recompute-cost frontier across λ (min-cut modes); ``graph`` as for :func:`plan`.
+
+    Returns a :class:`hyper_ac.timeline.Frontier`: the list of points (dicts),
+    which draws itself inline in Jupyter."""
     cfg = load_config(config if config is not None else {"ac_mode": "auto"})
     points = json.loads(_core.pareto(_graph_json(graph, model, "pareto"), cfg.json_for(model), op_policy_json()))
     if plot:
         _plot_pareto(points, plot)
-    return points
+    from hyper_ac.timeline import Frontier  # a list that also plots itself in Jupyter
+
+    return Frontier(points)
 
 
 def _plot_pareto(points: list, path: str) -> None:

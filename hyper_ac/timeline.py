@@ -1,14 +1,14 @@
 """Memory over time for a plan, and the Pareto frontier, as inline figures.
 
-``memory(captured, config)`` plans a copy of the captured graph and shows
-live activation bytes per step before vs after the rewrite, next to the
-plan's stats. The core's simulator records a per-step timeline
-(``SimulateOptions::record_timeline``) but the plan JSON does not carry it
-yet; when a plan has a ``"timeline": {"before": [...], "after": [...]}``
-entry it is plotted as is, otherwise both graphs are run once on CPU under
-:mod:`hyper_ac.memory` and the measured live bytes per node are plotted (the
-simulator is exact against such a run on the built-in models). Decides
-nothing: every figure comes from the core's plan or from a measurement.
+``memory(captured, config)`` plans the captured graph (left as it is) and
+shows live activation bytes per step before vs after the rewrite, next to the
+plan's stats. The figures are the core's simulated timeline
+(``hyper_ac.plan(..., timeline=True)``: ``SimulateOptions::record_timeline``
+over the original and the rewritten schedule). ``measure=True`` instead
+rewrites a copy and runs both graphs once on CPU under :mod:`hyper_ac.memory`,
+plotting the measured live bytes per node: the check that the simulation is
+exact (tests/python/test_display.py). Decides nothing: every figure comes from
+the core's plan or from a measurement.
 """
 
 from __future__ import annotations
@@ -173,9 +173,11 @@ def _measure(gm: fx.GraphModule, inputs: list[Any]) -> list[int]:
     return [rec.node_peak_bytes for rec in tracker.timeline if rec.op != "placeholder"]
 
 
-def memory(captured: Any, config: Any, *, model: Any = None, inputs: Optional[list] = None) -> MemoryTimeline:
-    """Plan ``config`` on a copy of ``captured`` (a CapturedGraph or an annotated joint GraphModule,
-    left as it is) and return its memory timeline before vs after, with the plan's stats."""
+def memory(captured: Any, config: Any, *, model: Any = None, inputs: Optional[list] = None,
+           measure: bool = False) -> MemoryTimeline:
+    """Plan ``config`` for ``captured`` (a CapturedGraph or an annotated joint GraphModule, left as it is)
+    and return its memory timeline before vs after, with the plan's stats: the core's simulation, or with
+    ``measure=True`` both graphs run once on CPU (``inputs``: their inputs, else synthesised)."""
     import hyper_ac  # the public names, which stay put when modules move
 
     gm = getattr(captured, "graph_module", captured)
@@ -187,24 +189,23 @@ def memory(captured: Any, config: Any, *, model: Any = None, inputs: Optional[li
     if any(n.meta.get("ac_recomputed_from") for n in gm.graph.nodes):
         raise ValueError("memory() needs the graph before the pass, but this one was already rewritten "
                          "(it has recomputed copies); pass the freshly captured graph")
+    if not measure:
+        result = hyper_ac.plan(gm, cfg, model, timeline=True)
+        tl = result.plan["timeline"]
+        return MemoryTimeline(tl["before"], tl["after"], mode=cfg.mode, stats=result.stats,
+                              source="simulated by the core (live activation bytes while each schedule step runs)",
+                              boundary_before=tl["boundary_before"], boundary_after=tl["boundary_after"])
     with warnings.catch_warnings():  # torch's own deprecation noise from copying pytree specs
         warnings.simplefilter("ignore", FutureWarning)
         after = fx.GraphModule(gm, copy.deepcopy(gm.graph))
     ac = hyper_ac.ActivationCheckpointPass(cfg)
     ac.run(after, model=model)
-    plan = ac.result.plan
-    stats = ac.result.stats
-    if "timeline" in plan:
-        tl = plan["timeline"]
-        return MemoryTimeline(tl["before"], tl["after"], mode=cfg.mode, stats=stats,
-                              source="simulated by the core", boundary_before=tl.get("boundary_before", -1),
-                              boundary_after=tl.get("boundary_after", -1))
     args = list(inputs) if inputs is not None else _inputs_for(gm, captured)
     before = _measure(gm, args)
     after_values = _measure(after, args)
-    return MemoryTimeline(before, after_values, mode=cfg.mode, stats=stats,
+    return MemoryTimeline(before, after_values, mode=cfg.mode, stats=ac.result.stats,
                           source="measured: each graph run once on CPU under hyper_ac.memory (bytes alive "
-                                 "while each node runs); the core's own simulated timeline is not in the plan yet",
+                                 "while each node runs)",
                           boundary_before=_boundary(gm), boundary_after=_boundary(after))
 
 

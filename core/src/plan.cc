@@ -19,6 +19,19 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
+// PlanOptions::record_timeline: simulate both schedules once more, keeping every step.
+void record_timeline(const Graph& graph, PlanResult& result) {
+  SimulateOptions options;
+  options.record_timeline = true;
+  const SimulateResult before = simulate_memory(graph, nullptr, options);
+  const SimulateResult after = simulate_memory(graph, &result.remat, options);
+  result.timeline.recorded = true;
+  result.timeline.before = before.timeline;
+  result.timeline.after = after.timeline;
+  result.timeline.boundary_before = before.boundary_step;
+  result.timeline.boundary_after = after.boundary_step;
+}
+
 ScopeOptions scope_options(const Config& config) {
   ScopeOptions options = config.scope;
   // Checked here, not when parsing: the adapter is known only once the model is.
@@ -164,6 +177,7 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
     result.tags.reasons.assign(graph.nodes.size(), "");
     result.remat = plan_remat(graph, result.policies);
     result.diagnostics.push_back({Severity::Info, -1, "ac_mode is off: graph left unchanged"});
+    if (options.record_timeline) record_timeline(graph, result);
     return result;
   }
   const StageOptions stages = stage_options(config, options.op_policy);
@@ -228,6 +242,7 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
          "activation checkpointing matched scope [" + joined(result.scope.regions) +
              "] but recomputed no node; the model may already be wrapped by eager checkpointing, or "
              "every candidate was pinned to save"});
+  if (options.record_timeline) record_timeline(graph, result);
   result.timings.total_seconds = seconds_since(started);
   return result;
 }
@@ -390,6 +405,13 @@ std::string plan_to_json(const Graph& graph, const PlanResult& result, bool incl
     diagnostics.push_back(std::move(entry));
   }
   document["diagnostics"] = diagnostics;
+  if (result.timeline.recorded) {
+    const auto& tl = result.timeline;
+    document["timeline"] = {{"before", tl.before},
+                            {"after", tl.after},
+                            {"boundary_before", tl.boundary_before},
+                            {"boundary_after", tl.boundary_after}};
+  }
   if (include_timings) {
     const auto& t = result.timings;
     document["timings"] = {{"scope_seconds", t.scope_seconds},       {"tag_seconds", t.tag_seconds},

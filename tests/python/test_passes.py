@@ -448,3 +448,97 @@ def test_dynamic_shapes_one_compile_serves_two_lengths():
     torch._dynamo.reset()
     assert len(results) == 1  # the symbolic graph was planned once
     assert results[0].stats["saved_symint"] > 0  # sizes are saved, never replayed
+
+
+# --------------------------------------------------------------------------
+# prepare_activation_checkpoint: adapter hook and model-dependent checks before any trace
+# --------------------------------------------------------------------------
+
+
+class _HookedTransformer(models.TinyTransformer):
+    """A model type of its own, so the adapter registered for it touches no other test."""
+
+
+def _layer_norms(gm) -> int:
+    return sum("layer_norm" in str(n.target) and not n.meta["autograd_backward"] for n in gm.graph.nodes)
+
+
+@pytest.fixture
+def hooked_adapter():
+    from hyper_ac.config import RecomputePolicy, register_adapter, unregister_adapter
+
+    calls = []
+
+    def drop_final_norm(model):  # a hook that changes what the model computes
+        calls.append(model)
+        model.norm = nn.Identity()
+
+    register_adapter(_HookedTransformer, RecomputePolicy(["layers.*.mlp"], on_applied=drop_final_norm))
+    try:
+        yield calls
+    finally:
+        unregister_adapter(_HookedTransformer)
+
+
+@pytest.mark.parametrize("mode", ["full", "selective", "auto", "budget"])
+@pytest.mark.parametrize("config, error, match", [
+    ({"ac_region_source": "model_adapter_safe_regions"}, hyper_ac.config.ConfigError, "no model adapter"),
+    ({"ac_layer_count": 3}, _core.ScopeError, "layer_count 3 exceeds the 2 units"),
+    ({"ac_layer_indices": [0, 5]}, _core.ScopeError, r"layer index 5 is out of range.*0\.\.1"),
+    ({"ac_regions": {"include": ["*.feed_forward"]}}, _core.ScopeError, r"'\*\.feed_forward' matches no module"),
+    ({"ac_regions": {"exclude": ["*.experts"]}}, _core.ScopeError, r"exclude pattern '\*\.experts' matches no module"),
+])
+def test_model_dependent_config_errors_fail_when_the_backend_is_created(mode, config, error, match):
+    model = models.build("transformer")
+    with pytest.raises(error, match=match):
+        hyper_ac.backend({**_config(mode), **config}, model=model)
+    with pytest.raises(error, match=match):
+        hyper_ac.prepare_activation_checkpoint(model, {**_config(mode), **config})
+    hyper_ac.backend({**_config(mode), **config})  # without the model nothing is known yet: created fine
+
+
+def test_prepare_resolves_the_scope_from_the_live_model():
+    prepared = hyper_ac.prepare_activation_checkpoint(models.build("transformer", 3),
+                                                      {"ac_mode": "full", "ac_layer_indices": [0, 2],
+                                                       "ac_regions": {"include": ["*.mlp"]}})
+    assert prepared.scope_checked and prepared.config.mode == "full"
+    assert prepared.units == ("layers.0", "layers.1", "layers.2")
+    assert prepared.regions == ("layers.0.mlp", "layers.2.mlp")
+    # no gradient_checkpointing marker: units come from the module stacks, known only once traced
+    unmarked = hyper_ac.prepare_activation_checkpoint(models.build("mlp"), {"ac_mode": "full", "ac_layer_count": 9})
+    assert not unmarked.scope_checked
+    assert hyper_ac.prepare_activation_checkpoint(models.build("transformer"), "full").regions == ("layers.0", "layers.1")
+
+
+def test_adapter_hook_runs_before_the_capture_trace(hooked_adapter):
+    plain = models.build("transformer")
+    batch = models.example_batch("transformer")
+    base = _layer_norms(capture_joint(plain, **batch).graph_module)
+    model = _HookedTransformer()
+    model.load_state_dict(plain.state_dict())
+    captured = capture_joint(model, **batch)  # the documented capture -> pass route
+    assert hooked_adapter == [model]
+    assert _layer_norms(captured.graph_module) == base - 1  # the trace has the hook's effect
+    ac = ActivationCheckpointPass({"ac_mode": "full"})
+    ac.run(captured.graph_module, model=model)
+    assert hooked_adapter == [model] and ac.result.stats["nodes_duplicated"] > 0
+
+
+def test_pass_refuses_a_graph_traced_before_the_adapter_hook(hooked_adapter):
+    model = _HookedTransformer()
+    gm = capture_joint(models.build("transformer"), **models.example_batch("transformer")).graph_module
+    with pytest.raises(ValueError, match="on_applied hook that has not run.*prepare_activation_checkpoint"):
+        ActivationCheckpointPass({"ac_mode": "full"}).run(gm, model=model)
+    hyper_ac.prepare_activation_checkpoint(model, "full")
+    assert hooked_adapter == [model]
+    ActivationCheckpointPass({"ac_mode": "full"}).run(gm, model=model)
+
+
+def test_backend_runs_the_adapter_hook_when_created(hooked_adapter):
+    model = _HookedTransformer()
+    batch = models.example_batch("transformer")
+    backend = hyper_ac.backend({"ac_mode": "full"}, model=model)
+    assert hooked_adapter == [model]
+    reference = copy.deepcopy(model)
+    _assert_same(_eager_step(reference, batch), _compiled_step(model, batch, {"ac_mode": "full"})[:2])
+    assert hooked_adapter == [model] and callable(backend)

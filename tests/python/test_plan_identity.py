@@ -103,3 +103,27 @@ def test_plans_are_byte_identical():
     # Not vacuous: most pairs plan; an all-error table would hide nothing.
     planned = sum(not v.startswith("error:") for by_cfg in actual.values() for v in by_cfg.values())
     assert planned >= len(actual) * len(MODE_CONFIGS)
+
+
+def test_timeline_is_opt_in_and_adds_only_itself():
+    core = core_module()
+    from hyper_ac.config import load_config, op_policy_json
+
+    c = get_captured("transformer")
+    for mode in ("off", "selective", "auto"):
+        cfg = load_config({"ac_mode": mode}).json_for(c.model)
+        plain = core.plan(c.json(), cfg, op_policy_json())
+        assert plain == core.plan(c.json(), cfg, op_policy_json(), timeline=False)
+        with_timeline = json.loads(core.plan(c.json(), cfg, op_policy_json(), timeline=True))
+        timeline = with_timeline.pop("timeline")
+        assert with_timeline == json.loads(plain)
+        stats = with_timeline["stats"]
+        assert set(timeline) == {"before", "after", "boundary_before", "boundary_after"}
+        assert 0 <= timeline["boundary_before"] < len(timeline["before"])
+        assert 0 <= timeline["boundary_after"] < len(timeline["after"])
+        if mode == "off":
+            assert timeline["before"] == timeline["after"]
+        else:  # the same simulation as the stats' peaks
+            assert max(timeline["before"]) == stats["simulated_activation_peak_before"]
+            assert max(timeline["after"]) == stats["simulated_activation_peak_after"]
+            assert len(timeline["after"]) == len(timeline["before"]) + stats["nodes_duplicated"] - stats["nodes_erased"]

@@ -22,6 +22,11 @@ struct PlanOptions {
   // The operator table (configs/op_policy.yaml); config.op_policy, when given,
   // replaces the categories it names.
   OpPolicyTable op_policy;
+  // Also record the live activation bytes per schedule step of the original
+  // and the rewritten step (SimulateOptions::record_timeline) in
+  // PlanResult::timeline and the plan JSON's "timeline". Off by default: the
+  // default plan JSON does not change.
+  bool record_timeline = false;
 };
 
 struct PlanStats {
@@ -55,6 +60,17 @@ struct PlanTimings {
   double load_seconds = 0.0;       // JSON parse + validation, filled by the caller that loaded the graph
 };
 
+// Live activation bytes per schedule step (simulate.h), before and after the
+// rewrite, and the step of the last forward node in each (-1: none). Filled
+// only with PlanOptions::record_timeline.
+struct PlanTimeline {
+  bool recorded = false;
+  std::vector<std::int64_t> before;
+  std::vector<std::int64_t> after;
+  std::int32_t boundary_before = -1;
+  std::int32_t boundary_after = -1;
+};
+
 struct PlanResult {
   Mode mode = Mode::Off;
   Scope scope;
@@ -64,6 +80,7 @@ struct PlanResult {
   PlanStats stats;
   std::vector<Diagnostic> diagnostics;
   PlanTimings timings;
+  PlanTimeline timeline;           // empty unless PlanOptions::record_timeline
 };
 
 // Options from a config JSON and an operator-table JSON ("" = empty table).
