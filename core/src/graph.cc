@@ -265,7 +265,7 @@ TensorFact parse_fact(const json& value, const std::string& where) {
 
 const std::unordered_set<std::string> kNodeKeys = {
     "id", "name", "kind", "target", "inputs", "phase", "outputs", "flops", "module_stack", "rng", "symint",
-    "collective", "view", "subgraph", "mutated", "mutated_inputs", "stack", "aliased_inputs", "role", "policy", "recomputed_from"};
+    "collective", "view", "subgraph", "mutated", "mutated_inputs", "stack", "aliased_inputs", "role", "policy", "ac_graph_id", "recomputed_from"};
 
 std::string stack_key(const std::vector<ModuleFrame>& frames) {
   std::string key;
@@ -412,6 +412,12 @@ LoadResult load_graph(const std::string& json_text, const LoadOptions& options) 
     if (role != raw.end() && !role->is_null()) node.role = parse_role(get_string(*role, "role", where), where);
     auto policy = raw.find("policy");
     if (policy != raw.end() && !policy->is_null()) node.policy = parse_policy(get_string(*policy, "policy", where), where);
+    auto graph_id = raw.find("ac_graph_id");
+    if (graph_id != raw.end() && !graph_id->is_null()) {
+      node.ac_graph_id = get_int(*graph_id, "field 'ac_graph_id'", where);
+      if (node.ac_graph_id < 0) fail(where, "'ac_graph_id' must be >= 0 (or null)");
+      if (node.policy == Policy::None) fail(where, "'ac_graph_id' is set without a 'policy'");
+    }
     auto from = raw.find("recomputed_from");
     if (from != raw.end() && !from->is_null()) node.recomputed_from = get_string(*from, "recomputed_from", where);
 
@@ -462,6 +468,7 @@ std::string graph_to_json(const Graph& graph) {
     raw["aliased_inputs"] = node.aliased_inputs;
     raw["role"] = to_string(node.role);
     raw["policy"] = node.policy == Policy::None ? json(nullptr) : json(to_string(node.policy));
+    raw["ac_graph_id"] = node.ac_graph_id < 0 ? json(nullptr) : json(node.ac_graph_id);
     raw["recomputed_from"] = node.recomputed_from.empty() ? json(nullptr) : json(node.recomputed_from);
     nodes.push_back(std::move(raw));
   }
