@@ -19,6 +19,7 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch.utils.checkpoint import checkpoint
 
 import hyper_ac
+import hyper_ac.memory
 from hyper_ac import _core
 from hyper_ac.backends import boxed_fx_compiler
 
@@ -120,10 +121,19 @@ class _no_unit_warning:
         assert not bad, bad
 
 
+class _Fn(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
 def test_whole_graph_scope_plans_cos3_like_min_cut():
     from hyper_ac.capture import capture_joint
 
-    gm = capture_joint(lambda x: x.cos().cos().cos().sum(), torch.randn(3, requires_grad=True)).graph_module
+    gm = capture_joint(_Fn(lambda x: x.cos().cos().cos().sum()), torch.randn(3, requires_grad=True)).graph_module
     result = hyper_ac.plan(gm, {"ac_mode": "auto"})
     assert result.stats["scope"] == "whole_graph"
     assert result.plan["regions"] == [{"fqn": "", "output_recompute": False}]
@@ -230,7 +240,8 @@ def test_user_must_recompute_on_rng_is_an_error():
 
     from hyper_ac.capture import capture_joint
 
-    gm = capture_joint(lambda x: F.dropout(x.sin(), 0.5, True).cos().sum(), torch.randn(8, requires_grad=True)).graph_module
+    gm = capture_joint(_Fn(lambda x: F.dropout(x.sin(), 0.5, True).cos().sum()),
+                       torch.randn(8, requires_grad=True)).graph_module
     dropouts = [n for n in gm.graph.nodes if "dropout" in str(n.target) or "bernoulli" in str(n.target)
                 or "rand" in str(n.target)]
     assert dropouts
@@ -259,7 +270,7 @@ def test_inductor_off_matches_stock_and_dropout_compiles():
     model = nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.1), nn.Tanh(), nn.Linear(16, 16), nn.Tanh())
     x = torch.randn(4, 16)
     outs = {}
-    for name, backend in (("stock", "inductor"), ("off", hyper_ac.backend("off", compiler="inductor")),
+    for name, backend in (("stock", "inductor"), ("off", hyper_ac.backend({"ac_mode": "off"}, compiler="inductor")),
                           ("auto", hyper_ac.backend("auto", compiler="inductor"))):
         torch._dynamo.reset()
         trained = copy.deepcopy(model)
