@@ -13,6 +13,7 @@
 #include "hyper_ac/mincut.h"
 #include "hyper_ac/plan.h"
 #include "hyper_ac/scope.h"
+#include "hyper_ac/tagging.h"
 
 namespace py = pybind11;
 using namespace hyper_ac;
@@ -25,6 +26,7 @@ PYBIND11_MODULE(_core, m) {
   py::register_exception<NoUnitsError>(m, "NoUnitsError", scope_error.ptr());
   py::register_exception<PlanError>(m, "PlanError", PyExc_RuntimeError);
   py::register_exception<MinCutError>(m, "MinCutError", PyExc_ValueError);
+  py::register_exception<PolicyConflictError>(m, "PolicyConflictError", PyExc_ValueError);
   m.attr("GRAPH_FORMAT_VERSION") = kGraphFormatVersion;
 
   m.def("format_bytes", [](std::int64_t bytes) { return format_bytes(bytes); }, py::arg("bytes"),

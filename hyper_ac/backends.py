@@ -1,7 +1,28 @@
-"""A torch.compile backend: capture → ActivationCheckpointPass → partition."""
+"""A torch.compile backend: stock ``torch.compile`` machinery, hyper_ac's plan in the partition step.
+
+hyper_ac owns only the partition step (the split of the joint graph into a
+forward and a backward); everything else is what stock ``torch.compile`` does
+with the same compiler (docs/torch-compat.md):
+
+- ``compiler="inductor"``: stock ``compile_fx`` (Inductor's decompositions,
+  its joint-graph passes, fw/bw compilation) with this partition step as
+  Inductor's ``custom_partitioner_fn``. The plan's decisions are written as
+  ``MUST_RECOMPUTE`` / ``MUST_SAVE`` tags and PyTorch's
+  ``min_cut_rematerialization_partition`` carries them out.
+- ``compiler="eager"``: stock ``aot_eager`` (no decompositions, min-cut
+  partition) with the partitioned graphs run as boxed FX code; a plan that
+  changes the graph is carried out by hyper_ac's own ``partition_joint``, whose
+  gradients are bitwise those of the uncheckpointed step.
+
+Mode ``off``, a graph the mode cannot plan (no units, for ``full`` /
+``selective``) and a plan that recomputes nothing on a graph without the
+model's own tags are partitioned exactly as stock does it (the same call with
+the same arguments).
+"""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import warnings
 from typing import Any, Callable, Optional
@@ -10,9 +31,8 @@ import torch
 from torch import fx
 
 from hyper_ac import _core
-from hyper_ac.config import apply_adapter_hook, load_config
-from hyper_ac.partition import partition_joint
-from hyper_ac.passes import ActivationCheckpointPass, prepare_activation_checkpoint
+from hyper_ac.config import load_config
+from hyper_ac.passes import prepare_activation_checkpoint
 
 _LOG = logging.getLogger("hyper_ac")
 
@@ -41,6 +61,117 @@ def boxed_fx_compiler(gm: fx.GraphModule, _example_inputs: Any):
     return run
 
 
+def stock_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any):
+    """PyTorch's own partition step with the arguments stock passes it (``compiler``,
+    ``num_fwd_outputs``, ``static_lifetime_input_indices``, ...): what ``aot_eager`` and
+    Inductor call. It carries out every ``node.meta["recompute"]`` tag on the graph."""
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+
+
+def write_decisions(joint: fx.GraphModule, plan: Any) -> None:
+    """Write a core plan's decisions as tags PyTorch's min-cut carries out:
+    every value the plan recomputes ``MUST_RECOMPUTE``, every value it saves
+    ``MUST_SAVE``, the rest untagged (min-cut decides, as stock). The model's
+    own ``ac_graph_id`` stays on the nodes it tagged (the core's plan already
+    honours those tags); hyper_ac's tags carry none."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    by_name = {node.name: node for node in joint.graph.nodes}
+    recomputed = {entry["of"] for entry in plan.get("duplicates", [])}
+    saved = set(plan.get("saved", [])) - recomputed
+    for node in joint.graph.nodes:
+        if node.op != "call_function":
+            continue
+        user_tagged = node.meta.get("recompute") is not None and node.meta.get("ac_graph_id") is not None
+        node.meta.pop("recompute", None)
+        if not user_tagged:
+            node.meta.pop("ac_graph_id", None)
+    for name in recomputed:
+        by_name[name].meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
+    for name in saved:
+        node = by_name.get(name)
+        if node is not None and node.op == "call_function":
+            node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+
+
+class _PartitionStep:
+    """The partition step both compilers call: ``(joint, joint_inputs, *, num_fwd_outputs, **stock_kwargs)``.
+
+    ``route``: ``"own"`` applies the plan to the joint graph and partitions with
+    ``partition_joint``; ``"tag"`` writes the plan's decisions as tags for
+    PyTorch's min-cut (:func:`write_decisions`).
+    """
+
+    def __init__(self, cfg: Any, *, model: Any, route: str, tag_only: bool,
+                 on_result: Optional[Callable[[Any], None]], current: dict) -> None:
+        self.cfg, self.model, self.route, self.tag_only = cfg, model, route, tag_only
+        self.on_result, self.current = on_result, current
+
+    def __call__(self, joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any):
+        from hyper_ac.annotate import annotate_joint
+        from hyper_ac.apply import apply_plan
+        from hyper_ac.passes import plan
+
+        kwargs["num_fwd_outputs"] = num_fwd_outputs
+        if self.cfg.mode == "off":
+            return stock_partition(joint, joint_inputs, **kwargs)
+        user_tagged = any(node.meta.get("recompute") is not None for node in joint.graph.nodes)
+        annotate_joint(joint, num_fwd_outputs, model=self.model, example_inputs=self.current.get("example_inputs"))
+        try:
+            result = plan(joint, self.cfg, self.model)
+        except _core.NoUnitsError as error:
+            # With graph breaks, a piece of the step (say, only the loss) may hold
+            # no block at all: that piece is partitioned as stock does it.
+            warnings.warn(f"hyper_ac: this graph is left without activation checkpointing: {error} "
+                          "(it is partitioned as stock torch.compile does it)",
+                          stacklevel=2)
+            return stock_partition(joint, joint_inputs, **kwargs)
+        for diagnostic in result.diagnostics:
+            if diagnostic["level"] == "warning":
+                warnings.warn(diagnostic["message"], stacklevel=2)
+            else:
+                _LOG.info("%s", diagnostic["message"])
+        _LOG.info("%s", result.summary())
+        if self.on_result is not None:
+            self.on_result(result)
+        if not result.plan.get("duplicates") and not user_tagged:
+            # The plan changes nothing: the stock partition (which may recompute what it fuses).
+            return stock_partition(joint, joint_inputs, **kwargs)
+        if self.tag_only:
+            apply_plan(joint, result.plan, tag_only=True)
+            return stock_partition(joint, joint_inputs, **kwargs)
+        if self.route == "tag":
+            write_decisions(joint, result.plan)
+            return stock_partition(joint, joint_inputs, **kwargs)
+        from hyper_ac.partition import partition_joint
+
+        # The partition builds fresh modules from the graph: no need to regenerate the joint's code.
+        apply_plan(joint, result.plan, recompile=False)
+        return partition_joint(joint, joint_inputs, **kwargs)
+
+
+def _inductor_partitioner(step: _PartitionStep, key: str):
+    """Inductor's ``custom_partitioner_fn``: called inside Inductor's stock partition
+    step (after its joint-graph passes) with ``compiler="inductor"``,
+    ``num_fwd_outputs`` and ``static_lifetime_input_indices``."""
+    from torch._inductor.custom_graph_pass import CustomPartitionerFn
+
+    class HyperACPartitioner(CustomPartitionerFn):
+        def __call__(self, gm, joint_inputs, **kwargs):
+            return step(gm, joint_inputs, **kwargs)
+
+        def uuid(self):
+            return key
+
+        def __reduce__(self):
+            # Inductor's cache key pickles its config: this partitioner is keyed by its uuid.
+            return (str, (key,))
+
+    return HyperACPartitioner()
+
+
 def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: str = "eager",
             tag_only: bool = False, on_result: Optional[Callable[[Any], None]] = None):
     """``torch.compile(model, backend=hyper_ac.backend("configs/selective.yaml"))``.
@@ -48,73 +179,62 @@ def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: s
     The config is loaded and validated now, so a bad config fails before
     anything compiles. ``model`` (optional) gives scope discovery the live
     module's ``gradient_checkpointing`` blocks; without it the core finds the
-    repeated blocks from the module stacks. ``compiler``: ``"eager"`` runs the
-    partitioned graphs as FX code (:func:`boxed_fx_compiler`); ``"inductor"`` compiles them with Inductor.
-    ``tag_only=True`` only writes the policies and partitions with PyTorch's
+    repeated blocks from the module stacks. ``compiler``: ``"eager"`` is stock
+    ``aot_eager`` with the partitioned graphs run as FX code
+    (:func:`boxed_fx_compiler`); ``"inductor"`` is stock Inductor
+    (``compile_fx``) with hyper_ac's partition step. ``tag_only=True`` only
+    writes the policies and partitions with PyTorch's
     ``min_cut_rematerialization_partition``, which honours them.
     ``on_result(PassResult)`` is called after each graph is planned.
+    The model's own checkpoint tags (``torch.utils.checkpoint``,
+    ``gradient_checkpointing_enable()``) are honoured in every mode.
     """
-    from torch._dynamo.backends.common import aot_autograd
-
-    from hyper_ac.annotate import annotate_joint
-
-    cfg = load_config(config)
-    prepare_activation_checkpoint(model, cfg)  # adapter hook + every model-dependent config check, now
     if not isinstance(tag_only, bool):
         raise TypeError(f"hyper_ac.backend: tag_only must be a bool, got {type(tag_only).__name__}")
     if compiler not in ("eager", "inductor"):
         raise ValueError(f"hyper_ac.backend: compiler must be 'eager' or 'inductor', got {compiler!r}")
-    if model is not None:
-        apply_adapter_hook(model)
+    # The recompute cost assumes the compiler that will run the graph (fusion under Inductor).
+    cfg = load_config(config).with_compiler(compiler)
+    prepare_activation_checkpoint(model, cfg)  # adapter hook + every model-dependent config check, now
 
     # dynamo's real graph inputs (parameters included) for the graph being
     # compiled: they let annotate_joint tell parameters, buffers and inputs apart.
     current: dict = {}
+    step = _PartitionStep(cfg, model=model, route="tag" if compiler == "inductor" else "own",
+                          tag_only=tag_only, on_result=on_result, current=current)
 
-    def partition_fn(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any):
-        annotate_joint(joint, num_fwd_outputs, model=model, example_inputs=current.get("example_inputs"))
-        ac_pass = ActivationCheckpointPass(cfg, tag_only=tag_only)
-        try:
-            # The partition builds fresh modules from the graph: no need to regenerate the joint's code.
-            ac_pass.run(joint, model=model, recompile=False)
-        except _core.NoUnitsError as error:
-            # With graph breaks, a piece of the step (say, only the loss) may hold
-            # no block at all: that piece trains without checkpointing.
-            warnings.warn(f"hyper_ac: this graph is left without activation checkpointing: {error}", stacklevel=2)
-            return partition_joint(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
-        if on_result is not None:
-            on_result(ac_pass.result)
-        if tag_only:
-            from torch._functorch.partitioners import min_cut_rematerialization_partition
-
-            return min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
-        return partition_joint(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
-
-    decompositions = None
     if compiler == "inductor":
-        import functools
+        from torch._inductor.compile_fx import compile_fx
 
-        from torch._inductor.compile_fx import compile_fx_inner
-        from torch._inductor.decomposition import select_decomp_table
+        digest = hashlib.sha256(f"{cfg.json_for(model)}|{tag_only}|{_core.__file__}".encode()).hexdigest()[:16]
+        partitioner = _inductor_partitioner(step, f"hyper_ac-{digest}")
 
-        # Inductor lowers from its own decomposition table; the joint graph must be traced with it.
-        decompositions = select_decomp_table()
-        fw_compiler = compile_fx_inner
-        bw_compiler = functools.partial(compile_fx_inner, is_backward=True)
-    else:
-        fw_compiler = bw_compiler = boxed_fx_compiler
+        def compile_inductor(gm: fx.GraphModule, example_inputs: list):
+            import torch._functorch.config as functorch_config
 
-    aot_backend = aot_autograd(fw_compiler=fw_compiler, bw_compiler=bw_compiler, partition_fn=partition_fn,
-                               decompositions=decompositions)
+            current["example_inputs"] = list(example_inputs)
+            # A cache hit would skip the partition step, and with it this config's plan.
+            with torch._inductor.config.patch(custom_partitioner_fn=partitioner), \
+                    functorch_config.patch(enable_autograd_cache=False):
+                return compile_fx(gm, example_inputs)
+
+        compile_inductor.partition_fn = step  # type: ignore[attr-defined]
+        return compile_inductor
+
+    from torch._dynamo.backends.common import aot_autograd
+
+    # aot_eager's arguments, with hyper_ac's partition step and boxed FX code.
+    aot_backend = aot_autograd(fw_compiler=boxed_fx_compiler, bw_compiler=boxed_fx_compiler, partition_fn=step,
+                               keep_inference_input_mutations=True)
 
     def compile_graph(gm: fx.GraphModule, example_inputs: list):
         import torch._functorch.config as functorch_config
 
         current["example_inputs"] = list(example_inputs)
-        # A cache hit would skip partition_fn, and with it this config's plan.
         with functorch_config.patch(enable_autograd_cache=False):
             return aot_backend(gm, example_inputs)
 
     # The aot_autograd backend inside, for instrumentation (the benchmarks time its partition_fn).
     compile_graph.aot_backend = aot_backend  # type: ignore[attr-defined]
+    compile_graph.partition_fn = step  # type: ignore[attr-defined]
     return compile_graph

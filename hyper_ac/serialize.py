@@ -123,6 +123,14 @@ def model_facts(model: nn.Module) -> dict:
 
 
 
+def _graph_id(node: fx.Node) -> int | None:
+    """The checkpoint region (``meta["ac_graph_id"]``) of a tagged node, or None."""
+    if node.meta.get("recompute") is None:
+        return None
+    graph_id = node.meta.get("ac_graph_id")
+    return int(graph_id) if isinstance(graph_id, int) and graph_id >= 0 else None
+
+
 def _policy_name(value: Any) -> str | None:
     if value is None:
         return None
@@ -234,6 +242,7 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
             "subgraph": False,
             "mutated": op == "placeholder" and node.meta.get("desc") in mutated_descs,
             "policy": _policy_name(node.meta.get("recompute")),
+            "ac_graph_id": _graph_id(node),
             "recomputed_from": None,
         }
         src = node.meta.get("ac_recomputed_from")
@@ -281,7 +290,7 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
 # Fields the wire form leaves out when they hold their default (docs/graph-format.md).
 _DEFAULT_FALSE = ("rng", "symint", "collective", "view", "subgraph", "mutated")
 _DEFAULT_EMPTY = ("outputs", "mutated_inputs", "aliased_inputs")
-_DEFAULT_NONE = ("policy", "recomputed_from")
+_DEFAULT_NONE = ("policy", "ac_graph_id", "recomputed_from")
 
 
 def compact(doc: dict) -> dict:

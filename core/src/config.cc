@@ -236,6 +236,16 @@ void parse_lambda(const json& value, const std::string& key, Config& config) {
   config.mincut.lambda = lambda;
 }
 
+ScopeRule parse_scope_rule(const json& value, const std::string& key) {
+  if (!value.is_string()) fail(key, std::string("must be a string (auto, units or whole_graph), got ") + value.type_name());
+  const std::string text = value.get<std::string>();
+  if (text == "auto") return ScopeRule::Auto;
+  if (text == "units") return ScopeRule::Units;
+  if (text == "whole_graph") return ScopeRule::WholeGraph;
+  fail(key, "unknown scope '" + text + "' (expected auto, units or whole_graph)");
+  return ScopeRule::Auto;
+}
+
 void parse_regions(const json& value, const std::string& key, Config& config) {
   if (value.is_null()) return;
   if (!value.is_object()) fail(key, std::string("must be a mapping, got ") + value.type_name());
@@ -281,6 +291,7 @@ const std::vector<OptionKey>& option_keys() {
        }},
       {"ac_layer_indices", "selection", "layer_indices",
        [](const json& v, const std::string& k, Config& c) { parse_layer_indices(v, k, c); }},
+      {"ac_scope", "", "scope", [](const json& v, const std::string& k, Config& c) { c.scope.rule = parse_scope_rule(v, k); }},
       {"ac_regions", "", "regions", [](const json& v, const std::string& k, Config& c) { parse_regions(v, k, c); }},
       {"ac_save_forward_all_gather", "", "save_forward_all_gather",
        [](const json& v, const std::string& k, Config& c) { c.save_forward_all_gather = get_bool(v, k); }},
@@ -469,6 +480,7 @@ std::string config_to_json(const Config& config) {
   if (config.scope.layer_count) selection["layer_count"] = *config.scope.layer_count;
   if (config.scope.layer_indices) selection["layer_indices"] = *config.scope.layer_indices;
   section["selection"] = selection;
+  section["scope"] = to_string(config.scope.rule);
   section["regions"] = {{"include", config.scope.include},
                         {"exclude", config.scope.exclude},
                         {"output_recompute", config.scope.output_recompute}};

@@ -268,7 +268,7 @@ TensorFact parse_fact(const json& value, const std::string& where) {
 
 const std::unordered_set<std::string> kNodeKeys = {
     "id", "name", "kind", "target", "inputs", "phase", "outputs", "flops", "module_stack", "rng", "rng_state_bytes", "symint",
-    "collective", "view", "fusible", "subgraph", "mutated", "mutated_inputs", "stack", "aliased_inputs", "role", "policy", "recomputed_from"};
+    "collective", "view", "fusible", "subgraph", "mutated", "mutated_inputs", "stack", "aliased_inputs", "role", "policy", "ac_graph_id", "recomputed_from"};
 
 std::string stack_key(const std::vector<ModuleFrame>& frames) {
   std::string key;
@@ -434,6 +434,12 @@ static LoadResult load_graph_dom(const std::string& json_text, const LoadOptions
     if (role != raw.end() && !role->is_null()) node.role = parse_role(get_string(*role, "role", where), where);
     auto policy = raw.find("policy");
     if (policy != raw.end() && !policy->is_null()) node.policy = parse_policy(get_string(*policy, "policy", where), where);
+    auto graph_id = raw.find("ac_graph_id");
+    if (graph_id != raw.end() && !graph_id->is_null()) {
+      node.ac_graph_id = get_int(*graph_id, "field 'ac_graph_id'", where);
+      if (node.ac_graph_id < 0) fail(where, "'ac_graph_id' must be >= 0 (or null)");
+      if (node.policy == Policy::None) fail(where, "'ac_graph_id' is set without a 'policy'");
+    }
     auto from = raw.find("recomputed_from");
     if (from != raw.end() && !from->is_null()) node.recomputed_from = get_string(*from, "recomputed_from", where);
 
@@ -459,7 +465,7 @@ namespace {
 enum Key : int {
   kId, kName, kKind, kTarget, kInputs, kPhase, kOutputs, kFlops, kModuleStack, kRng, kSymint, kCollective,
   kView, kSubgraph, kMutated, kMutatedInputs, kStack, kAliasedInputs, kRole, kPolicy, kRecomputedFrom,
-  kFusible, kRngStateBytes,
+  kFusible, kRngStateBytes, kAcGraphId,
   kNodeFieldCount,
   kBytes = kNodeFieldCount, kDtype, kShape, kFqn, kType, kFormat, kVersion, kModel, kNodes, kModuleStacks,
   kKnownKeyCount,
@@ -478,6 +484,7 @@ Key key_of(const std::string& k) {
     case 7: return is("outputs") ? kOutputs : is("mutated") ? kMutated : is("version") ? kVersion : is("fusible") ? kFusible : kOther;
     case 8: return is("subgraph") ? kSubgraph : kOther;
     case 10: return is("collective") ? kCollective : kOther;
+    case 11: return is("ac_graph_id") ? kAcGraphId : kOther;
     case 12: return is("module_stack") ? kModuleStack : kOther;
     case 13: return is("module_stacks") ? kModuleStacks : kOther;
     case 14: return is("mutated_inputs") ? kMutatedInputs : is("aliased_inputs") ? kAliasedInputs : kOther;
@@ -947,6 +954,10 @@ class StreamLoader {
         if (type != Scalar::Int || int_ < 0) return fault();
         node_.rng_state_bytes = int_;
         return;
+      case kAcGraphId:
+        if (type != Scalar::Int || int_ < 0) return fault();
+        node_.ac_graph_id = int_;
+        return;
       default: return fault();  // an array field given a scalar
     }
   }
@@ -994,6 +1005,7 @@ class StreamLoader {
                                        (1u << kInputs) | (1u << kPhase);
     if ((have_ & required) != required) return fault();
     if (node_.rng_state_bytes > 0 && !node_.rng) return fault();  // the DOM loader names it
+    if (node_.ac_graph_id >= 0 && node_.policy == Policy::None) return fault();
     const auto index = static_cast<std::int32_t>(graph_.nodes.size());
     if (!add_id(node_.id, index)) return fault();
     node_.inputs.reserve(inputs_.size());
@@ -1137,6 +1149,7 @@ std::string graph_to_json(const Graph& graph) {
     raw["aliased_inputs"] = node.aliased_inputs;
     raw["role"] = to_string(node.role);
     raw["policy"] = node.policy == Policy::None ? json(nullptr) : json(to_string(node.policy));
+    raw["ac_graph_id"] = node.ac_graph_id < 0 ? json(nullptr) : json(node.ac_graph_id);
     raw["recomputed_from"] = node.recomputed_from.empty() ? json(nullptr) : json(node.recomputed_from);
     nodes.push_back(std::move(raw));
   }

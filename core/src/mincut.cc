@@ -201,7 +201,11 @@ void Solver::classify() {
     // Free: resident anyway (placeholders, constants), kept as a graph output,
     // or an alias of such storage; a MUST_RECOMPUTE tag is honoured even so.
     const bool must_recompute = tags_[i] == Policy::MustRecompute && node.kind == NodeKind::CallFunction;
-    bool is_free = node.kind != NodeKind::CallFunction || (output_read[i] && !must_recompute);
+    // A graph input that is not a parameter or buffer (an activation handed in
+    // by the caller) is charged its bytes when the backward keeps it, as in
+    // PyTorch's min-cut: keeping it is not free once the caller drops it.
+    const bool charged_input = node.kind == NodeKind::Placeholder && node.role == Role::Input && !node.symint;
+    bool is_free = (node.kind != NodeKind::CallFunction && !charged_input) || (output_read[i] && !must_recompute);
     const auto positions = alias_positions(node);
     if (!is_free && !positions.empty()) {
       bool all_free = true;
@@ -218,7 +222,9 @@ void Solver::classify() {
     }
 
     const Policy tag = tags_[i];
-    if (!node.recomputed_from.empty())
+    if (charged_input)
+      never_recompute_[i] = "a graph input";
+    else if (!node.recomputed_from.empty())
       never_recompute_[i] = "a duplicate made by an earlier pass";
     else if (tag == Policy::MustSave)
       never_recompute_[i] = "tagged MUST_SAVE";

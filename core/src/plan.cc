@@ -34,6 +34,8 @@ void record_timeline(const Graph& graph, PlanResult& result) {
 
 ScopeOptions scope_options(const Config& config) {
   ScopeOptions options = config.scope;
+  // The min-cut modes plan a graph without units as one whole-graph region.
+  options.whole_graph_when_no_units = config.mode == Mode::Auto || config.mode == Mode::Budget;
   // Checked here, not when parsing: the adapter is known only once the model is.
   if (config.region_source == "model_adapter_safe_regions" && !config.adapter_given)
     throw ConfigError(
@@ -188,11 +190,13 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
   for (const auto& note : result.scope.diagnostics) result.diagnostics.push_back(note);
   result.stats.units = result.scope.units.size();
   result.stats.selected_units = result.scope.selected_units.size();
+  result.stats.scope = result.scope.whole_graph ? "whole_graph" : "units";
   result.stats.regions = result.scope.regions.size();
 
   stage = Clock::now();
   result.tags = tag_policies(graph, result.scope, stages.tag);
   result.timings.tag_seconds = seconds_since(stage);
+  result.stats.user_tagged = result.tags.stats.user_tagged;
 
   stage = Clock::now();
   const SimulateResult before = simulate_memory(graph, nullptr);
@@ -383,6 +387,8 @@ std::string plan_to_json(const Graph& graph, const PlanResult& result, bool incl
       {"rebuilt_for_exclude", ps.rebuilt_for_exclude},
       {"units", ps.units},
       {"selected_units", ps.selected_units},
+      {"scope", ps.scope},
+      {"user_tagged", ps.user_tagged},
       {"regions", ps.regions},
       {"lambda", ps.lambda},
       {"simulated_peak_before", ps.simulated_peak_before},

@@ -219,7 +219,57 @@ UnitDiscovery discover_units(const Graph& graph) {
   return found;
 }
 
+const char* to_string(ScopeRule rule) {
+  switch (rule) {
+    case ScopeRule::Auto: return "auto";
+    case ScopeRule::Units: return "units";
+    case ScopeRule::WholeGraph: return "whole_graph";
+  }
+  return "auto";
+}
+
+namespace {
+
+// One region, named "" (the root), over every forward node; exclusions still apply.
+Scope whole_graph_scope(const Graph& graph, const ScopeOptions& options, const std::string& why) {
+  if (options.layer_count || options.layer_indices)
+    throw ScopeError("selection.layer_count / layer_indices select units, but the scope is the whole graph (" + why +
+                     "); drop the selection or use scope: units");
+  Scope scope;
+  scope.whole_graph = true;
+  scope.regions.push_back("");
+  scope.region_output_recompute.push_back(false);
+  const std::vector<ModuleFrame> universe = module_universe(graph);
+  if (!options.exclude.empty()) {
+    std::vector<bool> used(options.exclude.size(), false);
+    scope.excluded = outermost_matches(universe, {}, options.exclude, used);
+    for (std::size_t p = 0; p < used.size(); ++p)
+      if (!used[p]) throw ScopeError("exclude pattern '" + options.exclude[p] + "' matches no module");
+  }
+  std::unordered_map<std::string, std::int32_t> excluded_index;
+  for (std::size_t i = 0; i < scope.excluded.size(); ++i) excluded_index.emplace(scope.excluded[i], static_cast<std::int32_t>(i));
+  scope.node_region.assign(graph.nodes.size(), -1);
+  scope.node_unit.assign(graph.nodes.size(), -1);
+  scope.node_excluded.assign(graph.nodes.size(), false);
+  for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
+    const Node& node = graph.nodes[i];
+    if (!node.is_forward()) continue;
+    scope.node_region[i] = 0;
+    if (node.stack < 0 || excluded_index.empty()) continue;
+    for (const auto& frame : graph.stacks[static_cast<std::size_t>(node.stack)])
+      if (find_root(excluded_index, frame.fqn) >= 0) {
+        scope.node_excluded[i] = true;
+        break;
+      }
+  }
+  scope.diagnostics.push_back({Severity::Info, -1, "scope: whole_graph (" + why + "): one region over the whole forward"});
+  return scope;
+}
+
+}  // namespace
+
 Scope resolve_scope(const Graph& graph, const ScopeOptions& options) {
+  if (options.rule == ScopeRule::WholeGraph) return whole_graph_scope(graph, options, "scope: whole_graph in the config");
   Scope scope;
   {
     // No live model, or one without the gradient_checkpointing marker: the
@@ -227,6 +277,9 @@ Scope resolve_scope(const Graph& graph, const ScopeOptions& options) {
     UnitDiscovery found = discover_units(graph);
     scope.units = std::move(found.units);
     scope.units_from_model = found.from_model;
+    if (scope.units.empty() && options.rule == ScopeRule::Auto && options.whole_graph_when_no_units &&
+        options.include.empty())
+      return whole_graph_scope(graph, options, "no units found");
     if (scope.units.empty()) {
       std::string model = graph.model.present
                               ? "model " + (graph.model.type.empty() ? std::string("(unnamed)") : graph.model.type) +

@@ -22,6 +22,7 @@ struct Tagger {
   const Scope& scope;
   const TagOptions& options;
   TagResult result;
+  std::vector<char> user;  // policy seeded from the model's own tag
 
   bool is_candidate(std::size_t i) const {
     const Node& node = graph.nodes[i];
@@ -35,8 +36,38 @@ struct Tagger {
     result.reasons[i] = reason;
   }
 
+  std::string describe(std::size_t i) const {
+    const Node& node = graph.nodes[i];
+    std::string text = "node '" + node.name + "' (" + node.target;
+    const auto& frames = graph.stack_of(node);
+    if (!frames.empty()) text += ", in module '" + frames.front().fqn + "'";
+    return text + ")";
+  }
+
+  [[noreturn]] void conflict(std::size_t i, const std::string& rule) const {
+    throw PolicyConflictError(
+        describe(i) + " is tagged MUST_RECOMPUTE by the model's own checkpointing (torch.utils.checkpoint or a "
+        "selective-checkpoint policy), but " + rule + ", so it must be saved; make the policy function return "
+        "MUST_SAVE or PREFER_RECOMPUTE for this op");
+  }
+
   void force_save(std::size_t i, const char* reason, std::size_t& counter) {
     if (!is_recompute(result.policies[i]) && result.policies[i] != Policy::PreferSave) return;
+    if (user[i]) {
+      // A hyper_ac preference (cross-unit) never overrides the model's tag;
+      // a correctness rule wins over PREFER_* and conflicts with MUST_RECOMPUTE.
+      if (std::string(reason) == "cross-unit") return;
+      if (graph.nodes[i].policy == Policy::MustRecompute) {
+        std::string rule = "it is in-place-pinned: it or an input is storage a forward in-place write touches "
+                           "(a replay would read the value at the wrong point in time)";
+        for (auto input : graph.nodes[i].inputs) {
+          const Node& producer = graph.nodes[static_cast<std::size_t>(input)];
+          if (!producer.mutated_inputs.empty() || producer.mutated)
+            rule += "; chain: " + describe(i) + " reads " + describe(static_cast<std::size_t>(input)) + ", written in place";
+        }
+        conflict(i, rule);
+      }
+    }
     set(i, Policy::MustSave, reason);
     ++counter;
   }
@@ -52,11 +83,71 @@ struct Tagger {
     return Policy::PreferRecompute;
   }
 
+  // Pass 0: the model's own tags (torch.utils.checkpoint, selective-checkpoint
+  // contexts), in every region or none; then PyTorch's boundary rule.
+  void tag_user() {
+    const OpPolicyTable& table = options.op_policy;
+    for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
+      if (!is_candidate(i)) continue;
+      const Node& node = graph.nodes[i];
+      if (node.policy == Policy::None) continue;
+      const bool collective = op_matches(table.saved_collectives, node.target);
+      switch (node.policy) {
+        case Policy::None: continue;
+        case Policy::MustSave: set(i, Policy::MustSave, "user"); break;
+        case Policy::PreferSave: set(i, Policy::PreferSave, "user"); break;
+        case Policy::MustRecompute:
+          if (node.rng) conflict(i, "it is an RNG op (a replay would draw different random numbers)");
+          if (collective) conflict(i, "it is a collective hyper_ac always saves (a replay would communicate again)");
+          if (node.symint) {
+            // A SymInt costs no memory: saved, as every SymInt.
+            set(i, Policy::MustSave, "symint");
+            ++result.stats.saved_symint;
+            break;
+          }
+          set(i, Policy::MustRecompute, "user");
+          break;
+        case Policy::PreferRecompute:
+          // As PyTorch's min-cut: never saved, unless a structural rule must save it.
+          if (node.rng) {
+            set(i, Policy::MustSave, "rng");
+            ++result.stats.saved_rng;
+          } else if (collective) {
+            set(i, Policy::MustSave, "collective");
+            ++result.stats.saved_collective;
+          } else if (node.symint) {
+            set(i, Policy::MustSave, "symint");
+            ++result.stats.saved_symint;
+          } else {
+            set(i, Policy::MustRecompute, "user");
+          }
+          break;
+      }
+      user[i] = 1;
+      if (i < scope.node_region.size() && scope.node_region[i] >= 0) result.graph_id[i] = scope.node_region[i];
+      ++result.stats.user_tagged;
+    }
+    // PyTorch's cleanup_recompute_tags: the boundary between two checkpointed
+    // regions (a recompute node read by a recompute node of a later region) is saved.
+    for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
+      if (!user[i] || !is_recompute(graph.nodes[i].policy) || graph.nodes[i].ac_graph_id < 0) continue;
+      if (result.policies[i] != Policy::MustRecompute || graph.nodes[i].policy == Policy::MustRecompute) continue;
+      for (auto u : graph.users[i]) {
+        const Node& reader = graph.nodes[static_cast<std::size_t>(u)];
+        if (reader.is_forward() && is_recompute(reader.policy) && reader.ac_graph_id > graph.nodes[i].ac_graph_id) {
+          set(i, Policy::MustSave, "user-boundary");
+          ++result.stats.saved_user_boundary;
+          break;
+        }
+      }
+    }
+  }
+
   // Pass 1: mode policy plus the structural saves (RNG, SymInt, collectives).
   void tag_by_policy() {
     const OpPolicyTable& table = options.op_policy;
     for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
-      if (!is_candidate(i)) continue;
+      if (!is_candidate(i) || user[i]) continue;
       const Node& node = graph.nodes[i];
       if (transparent(node)) {
         if (!node.inputs.empty()) {
@@ -167,7 +258,7 @@ struct Tagger {
     std::vector<std::int32_t> stack;
     std::vector<std::int32_t> seen_mark(graph.nodes.size(), -1);
     for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
-      if (!is_recompute(result.policies[i]) || !is_candidate(i)) continue;
+      if (!is_recompute(result.policies[i]) || !is_candidate(i) || user[i]) continue;
       std::int32_t region = scope.node_region[i];
       if (region >= 0 && scope.region_output_recompute[static_cast<std::size_t>(region)]) continue;
       std::int32_t unit = scope.node_unit[i];
@@ -219,7 +310,10 @@ TagResult tag_policies(const Graph& graph, const Scope& scope, const TagOptions&
   tagger.result.policies.assign(graph.nodes.size(), Policy::None);
   tagger.result.graph_id.assign(graph.nodes.size(), -1);
   tagger.result.reasons.assign(graph.nodes.size(), "");
-  if (options.mode == Mode::Off || scope.regions.empty()) return tagger.result;
+  tagger.user.assign(graph.nodes.size(), 0);
+  if (options.mode == Mode::Off) return tagger.result;
+  tagger.tag_user();
+  if (scope.regions.empty() && tagger.result.stats.user_tagged == 0) return tagger.result;
   tagger.tag_by_policy();
   tagger.tag_inplace();
   tagger.tag_cross_unit();

@@ -237,3 +237,30 @@ TEST_CASE("region patterns match over the first listings of the live modules", "
   options.exclude = {"alias"};
   CHECK_THROWS_WITH(resolve_scope(b.graph(), options), Catch::Contains("exclude pattern 'alias' matches no module"));
 }
+
+TEST_CASE("whole-graph scope: auto/budget plan a graph without units as one region", "[scope]") {
+  // cos(cos(cos(x))): no module stacks, no units.
+  GraphBuilder b;
+  b.placeholder("x", "input");
+  b.op("c1", "aten::cos.default", {"x"}).op("c2", "aten::cos.default", {"c1"}).op("c3", "aten::cos.default", {"c2"});
+  b.placeholder("t", "tangent", 64, "backward");
+  b.bwd("s2", "aten::sin.default", {"c2"}).bwd("g2", "aten::mul.Tensor", {"t", "s2"})
+      .bwd("s1", "aten::sin.default", {"c1"}).bwd("g1", "aten::mul.Tensor", {"g2", "s1"})
+      .bwd("s0", "aten::sin.default", {"x"}).bwd("g0", "aten::mul.Tensor", {"g1", "s0"})
+      .output({"c3", "g0"});
+  ScopeOptions options;
+  CHECK_THROWS_AS(resolve_scope(b.graph(), options), NoUnitsError);
+  options.whole_graph_when_no_units = true;
+  Scope scope = resolve_scope(b.graph(), options);
+  CHECK(scope.whole_graph);
+  REQUIRE(scope.regions == std::vector<std::string>{""});
+  CHECK(scope.node_region[static_cast<std::size_t>(b.index("c2"))] == 0);
+  CHECK(scope.node_unit[static_cast<std::size_t>(b.index("c2"))] == -1);
+  options.rule = ScopeRule::Units;
+  CHECK_THROWS_AS(resolve_scope(b.graph(), options), NoUnitsError);
+  options.rule = ScopeRule::WholeGraph;
+  options.whole_graph_when_no_units = false;
+  CHECK(resolve_scope(b.graph(), options).whole_graph);
+  options.layer_count = 1;
+  CHECK_THROWS_AS(resolve_scope(b.graph(), options), ScopeError);
+}

@@ -352,3 +352,62 @@ TEST_CASE("cross-unit: the check walks through getitem and wait_tensor projectio
     CHECK(policies(same, run(same, kSelective))["relu0"] == "PREFER_RECOMPUTE");
   }
 }
+
+TEST_CASE("the model's own tags seed the policies; the region boundary is saved", "[tagging]") {
+  // Two user checkpoint regions (ac_graph_id 0 and 1) over the two units.
+  GraphBuilder b;
+  b.placeholder("x", "input").placeholder("w0", "parameter").placeholder("w1", "parameter");
+  auto tag = [](const char* policy, int id) { return json{{"policy", policy}, {"ac_graph_id", id}}; };
+  b.op("mm0", "aten::mm.default", {"x", "w0"}, "layers.0.mlp", tag("PREFER_RECOMPUTE", 0))
+      .op("relu0", "aten::relu.default", {"mm0"}, "layers.0.mlp", tag("PREFER_RECOMPUTE", 0))
+      .op("mul0", "aten::mul.Tensor", {"relu0"}, "layers.0", tag("PREFER_RECOMPUTE", 0))
+      .op("mm1", "aten::mm.default", {"mul0", "w1"}, "layers.1.mlp", tag("PREFER_RECOMPUTE", 1))
+      .op("relu1", "aten::relu.default", {"mm1"}, "layers.1.mlp", tag("MUST_SAVE", 1))
+      .op("mul1", "aten::mul.Tensor", {"relu1"}, "layers.1")
+      .op("loss", "aten::sum.default", {"mul1"});
+  b.placeholder("tangent", "tangent", 4, "backward");
+  b.bwd("g_mul1", "aten::mul.Tensor", {"tangent", "relu1"})
+      .bwd("g_relu1", "aten::threshold_backward.default", {"g_mul1", "relu1"})
+      .bwd("g_w1", "aten::mm.default", {"mul0", "g_relu1"})
+      .bwd("g_mul0", "aten::mm.default", {"g_relu1", "w1"})
+      .bwd("g_relu0", "aten::threshold_backward.default", {"g_mul0", "relu0"})
+      .bwd("g_w0", "aten::mm.default", {"x", "g_relu0"})
+      .output({"loss", "g_w0", "g_w1"});
+  b.model("Net", {{"layers.0", "Block"}, {"layers.0.mlp", "MLP"}, {"layers.1", "Block"}, {"layers.1.mlp", "MLP"}},
+          {{"layers.0", "Block"}, {"layers.1", "Block"}});
+  for (const char* mode : {kSelective, kFull, R"({"ac_mode": "auto"})"}) {
+    auto r = run(b, mode);
+    auto p = policies(b, r);
+    CAPTURE(mode);
+    // selective's op table would save mm0; the model's PREFER_RECOMPUTE wins (never less checkpointed).
+    CHECK(p["mm0"] == "MUST_RECOMPUTE");
+    CHECK(p["relu0"] == "MUST_RECOMPUTE");
+    CHECK(p["mul0"] == "MUST_SAVE");    // read by mm1 of the later region: PyTorch's boundary rule
+    CHECK(p["relu1"] == "MUST_SAVE");   // the model's MUST_SAVE, even in full
+    CHECK(r.tags.stats.user_tagged == 5);
+    CHECK(r.tags.stats.saved_user_boundary == 1);
+  }
+  // off leaves the tags to PyTorch's partitioner.
+  CHECK(policies(b, run(b, R"({"ac_mode": "off"})")).empty());
+}
+
+TEST_CASE("a model MUST_RECOMPUTE on an RNG op is a conflict naming the node", "[tagging]") {
+  GraphBuilder b;
+  b.placeholder("x");
+  b.op("drop", "aten::native_dropout.default", {"x"}, "layers.0",
+       {{"rng", true}, {"policy", "MUST_RECOMPUTE"}, {"ac_graph_id", 0}})
+      .op("relu", "aten::relu.default", {"drop"}, "layers.0")
+      .op("out", "aten::sum.default", {"relu"}, "layers.0");
+  b.placeholder("t", "tangent", 4, "backward").bwd("g", "aten::threshold_backward.default", {"t", "relu"}).output({"out", "g"});
+  b.model("Net", {{"layers.0", "Block"}, {"layers.1", "Block"}}, {{"layers.0", "Block"}, {"layers.1", "Block"}});
+  CHECK_THROWS_MATCHES(run(b, R"({"ac_mode": "auto"})"), PolicyConflictError,
+                       Catch::Matchers::Contains("node 'drop'") && Catch::Matchers::Contains("RNG op"));
+  // A preference loses to the RNG rule without an error.
+  GraphBuilder soft;
+  soft.placeholder("x");
+  soft.op("drop", "aten::native_dropout.default", {"x"}, "", {{"rng", true}, {"policy", "PREFER_RECOMPUTE"}})
+      .op("relu", "aten::relu.default", {"drop"})
+      .op("out", "aten::sum.default", {"relu"});
+  soft.placeholder("t", "tangent", 4, "backward").bwd("g", "aten::threshold_backward.default", {"t", "relu"}).output({"out", "g"});
+  CHECK(policies(soft, run(soft, R"({"ac_mode": "auto"})"))["drop"] == "MUST_SAVE");
+}

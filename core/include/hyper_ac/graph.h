@@ -69,7 +69,8 @@ struct Node {
   std::vector<std::int32_t> mutated_inputs;  // positions into `inputs`
   std::vector<std::int32_t> aliased_inputs;  // positions into `inputs`
   Role role = Role::Activation;
-  Policy policy = Policy::None;   // a tag already on the FX node
+  Policy policy = Policy::None;   // a tag already on the FX node (the model's own checkpointing)
+  std::int64_t ac_graph_id = -1;  // the checkpoint region of that tag (meta["ac_graph_id"]); -1 = none
   std::string recomputed_from;    // non-empty on duplicates of an earlier pass
 
   std::int64_t output_bytes() const;  // sum over outputs

@@ -33,6 +33,8 @@ struct PlanStats {
   std::size_t regions = 0;
   std::size_t units = 0;
   std::size_t selected_units = 0;
+  std::string scope = "units";               // "units" or "whole_graph" (one region over the whole forward)
+  std::size_t user_tagged = 0;               // nodes whose policy the model's own checkpointing set
   double lambda = 0.0;                       // min-cut modes: the λ of the chosen cut
   std::int64_t simulated_peak_before = 0;    // bytes, original graph
   std::int64_t simulated_peak_after = 0;     // bytes, rewritten graph

@@ -26,7 +26,23 @@ class NoUnitsError : public ScopeError {
   using ScopeError::ScopeError;
 };
 
+// Which forward the recompute regions cover.
+//  auto:        the units (repeated blocks); a graph without units is one
+//               whole-graph region when `whole_graph_when_no_units` is set
+//               (the min-cut modes), otherwise NoUnitsError.
+//  units:       the units only; a graph without units raises NoUnitsError.
+//  whole_graph: one region, every forward node (no units, no cross-unit rule).
+enum class ScopeRule { Auto, Units, WholeGraph };
+
+const char* to_string(ScopeRule rule);  // "auto", "units", "whole_graph"
+
 struct ScopeOptions {
+  // See ScopeRule; config key `scope`.
+  ScopeRule rule = ScopeRule::Auto;
+  // Under ScopeRule::Auto, a graph without units becomes one whole-graph region
+  // instead of raising NoUnitsError, unless regions.include names modules (then
+  // those modules are the regions). Set by the plan for auto/budget.
+  bool whole_graph_when_no_units = false;
   // Leading prefix of the flattened unit list to select; unset = all units.
   std::optional<std::int64_t> layer_count;
   // Exact flattened unit indices to select; unset = all. Never both.
@@ -52,6 +68,8 @@ struct Scope {
   std::vector<std::int32_t> node_unit;
   std::vector<bool> node_excluded;
   bool units_from_model = false;  // live-model facts vs module-stack discovery
+  // One region over the whole forward (no units were found, or the config asked for it).
+  bool whole_graph = false;
   std::vector<Diagnostic> diagnostics;  // e.g. "layer selection matched zero layers"
 };
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,14 @@
 #include "hyper_ac/scope.h"
 
 namespace hyper_ac {
+
+// The model's own checkpoint tags (Node::policy) ask for something a hyper_ac
+// rule forbids: MUST_RECOMPUTE on an RNG op, a collective or a node an in-place
+// write pins. The message names the node, its module, the tag and the rule.
+class PolicyConflictError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
 
 struct TagOptions {
   // off: no tags; full: every scoped node MUST_RECOMPUTE; selective: the op
@@ -41,6 +50,8 @@ struct TagStats {
   std::size_t saved_collective = 0;
   std::size_t saved_inplace = 0;
   std::size_t saved_cross_unit = 0;
+  std::size_t user_tagged = 0;       // policies seeded from the model's own tags
+  std::size_t saved_user_boundary = 0;  // user recompute nodes saved by PyTorch's region-boundary rule
 };
 
 struct TagResult {
@@ -51,6 +62,15 @@ struct TagResult {
   TagStats stats;
 };
 
+// The model's own tags (Node::policy, from torch.utils.checkpoint or a
+// selective-checkpoint policy) seed the policies of every mode but off, inside
+// or outside the regions: MUST_SAVE stays saved; MUST_RECOMPUTE is never saved
+// (PolicyConflictError when a hyper_ac rule must save it); PREFER_RECOMPUTE is
+// never saved either (as PyTorch's min-cut treats it), except PyTorch's
+// boundary rule (a recompute-tagged node read by a recompute-tagged node with
+// a larger ac_graph_id is saved) and the structural saves (RNG, SymInt,
+// collectives, in-place), which win over a preference; PREFER_SAVE is a soft
+// preference. Cross-unit saves never apply to them.
 TagResult tag_policies(const Graph& graph, const Scope& scope, const TagOptions& options);
 
 // Whether `target` ("aten::mm.default") is named by an entry ("aten::mm" or "aten::mm.default").
