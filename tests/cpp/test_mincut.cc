@@ -1158,6 +1158,7 @@ TEST_CASE("min-cut rejects floats outside the stated ranges", "[mincut][errors][
   factor = gpu(1e10);
   factor.prefer_recompute_factor = NAN;
   CHECK_THROWS_AS(solve_min_cut(g, tags, factor), std::invalid_argument);
+}
 
 TEST_CASE("a replayable RNG op is recomputed when its state costs less than its output", "[mincut][rng]") {
   // x -> drop (random, replayable) -> y = drop * x; the backward reads drop.
