@@ -204,7 +204,8 @@ void Solver::classify() {
     // A graph input that is not a parameter or buffer (an activation handed in
     // by the caller) is charged its bytes when the backward keeps it, as in
     // PyTorch's min-cut: keeping it is not free once the caller drops it.
-    const bool charged_input = node.kind == NodeKind::Placeholder && node.role == Role::Input && !node.symint;
+    const bool charged_input =
+        options_.charge_inputs && node.kind == NodeKind::Placeholder && node.role == Role::Input && !node.symint;
     bool is_free = (node.kind != NodeKind::CallFunction && !charged_input) || (output_read[i] && !must_recompute);
     const auto positions = alias_positions(node);
     if (!is_free && !positions.empty()) {

@@ -121,6 +121,7 @@ TagResult auto_tags(const Graph& graph, const PlanOptions& options, StageOptions
   config.mincut.memory_budget = std::monostate{};
   stages = stage_options(config, options.op_policy);
   Scope scope = resolve_scope(graph, stages.scope);
+  stages.mincut.charge_inputs = scope.whole_graph;
   return tag_policies(graph, scope, stages.tag);
 }
 
@@ -182,10 +183,11 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
     if (options.record_timeline) record_timeline(graph, result);
     return result;
   }
-  const StageOptions stages = stage_options(config, options.op_policy);
+  StageOptions stages = stage_options(config, options.op_policy);
 
   auto stage = Clock::now();
   result.scope = resolve_scope(graph, stages.scope);
+  stages.mincut.charge_inputs = result.scope.whole_graph;
   result.timings.scope_seconds = seconds_since(stage);
   for (const auto& note : result.scope.diagnostics) result.diagnostics.push_back(note);
   result.stats.units = result.scope.units.size();

@@ -59,6 +59,11 @@ struct MinCutOptions {
   // Replayable ones may be recomputed; their recompute arc also carries the
   // state's bytes, which the backward then keeps instead of the output.
   bool never_recompute_rng = true;
+  // Charge a graph input that is not a parameter or buffer its bytes when the
+  // backward keeps it (never recomputed), as PyTorch's min-cut does. plan()
+  // sets it for a whole-graph scope, where a piece of a step is compared with
+  // stock; inside units the caller's batch is resident anyway (free).
+  bool charge_inputs = false;
 };
 
 struct MinCutStats {
