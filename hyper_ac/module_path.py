@@ -88,12 +88,35 @@ class _ModulePathResolver:
         # With a model: the path of the stack entry that IS the model (keys are
         # module ids). Without: the outermost entry dynamo recorded (the module
         # it was called on). Path resolution tolerates a wrong guess with a model.
+        if self.model is None:
+            # The outermost entry is the root only if every forward op sits
+            # inside it: an op of the root's own forward outside every entry
+            # (torch.compile's stacks start below the root) means no prefix;
+            # else the entries' common prefix when it is an entry itself
+            # (never one block's path, as the first node's entry could be).
+            common: list[str] | None = None
+            firsts: set[tuple[str, ...]] = set()
+            for n in nodes:
+                if n.op != "call_function" or n.meta.get("autograd_backward"):
+                    continue
+                stack = n.meta.get("nn_module_stack")
+                if not stack:
+                    return []
+                first = normalize_module_path(next(iter(stack.values()))[0])
+                firsts.add(tuple(first))
+                if common is None:
+                    common = first
+                else:
+                    k = 0
+                    while k < min(len(common), len(first)) and common[k] == first[k]:
+                        k += 1
+                    common = common[:k]
+            # Only a prefix that is itself an entry (the root module) is stripped.
+            return common if common and tuple(common) in firsts else []
         for n in nodes:
             stack = n.meta.get("nn_module_stack")
             if not stack:
                 continue
-            if self.model is None:
-                return normalize_module_path(next(iter(stack.values()))[0])
             for key, value in stack.items():
                 if self._id_of_key(str(key)) == id(self.model):
                     return normalize_module_path(value[0])
