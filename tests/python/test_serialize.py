@@ -43,6 +43,7 @@ NODE_FIELDS = {
     "mutated": (False, lambda v: isinstance(v, bool)),
     "policy": (False, lambda v: v is None or v in ("MUST_SAVE", "PREFER_SAVE", "MUST_RECOMPUTE", "PREFER_RECOMPUTE")),
     "recomputed_from": (False, lambda v: v is None or isinstance(v, str)),
+    "ac_graph_id": (False, lambda v: v is None or (isinstance(v, int) and v >= 0)),
 }
 
 
