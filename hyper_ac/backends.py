@@ -96,6 +96,27 @@ def write_decisions(joint: fx.GraphModule, plan: Any) -> None:
             node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
 
 
+# Reasons the core pins a value for correctness, not cost: a replay would read
+# storage an in-place write changed, draw fresh random numbers, or re-run a
+# collective. PyTorch's min-cut does not know the first (it recomputes reads of
+# a buffer the step updates in place), so these pins go with every stock call.
+_CORRECTNESS_PINS = ("in-place", "rng", "collective")
+
+
+def write_correctness_pins(joint: fx.GraphModule, plan: Any) -> int:
+    """Tag ``MUST_SAVE`` every node the core's plan pins for correctness
+    (:data:`_CORRECTNESS_PINS`) and leave the rest to PyTorch's min-cut; returns the count."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    pinned = {name for name, reason in plan.get("reasons", {}).items() if reason in _CORRECTNESS_PINS}
+    count = 0
+    for node in joint.graph.nodes:
+        if node.name in pinned and node.op == "call_function" and node.meta.get("recompute") is None:
+            node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+            count += 1
+    return count
+
+
 class _PartitionStep:
     """The partition step both compilers call: ``(joint, joint_inputs, *, num_fwd_outputs, **stock_kwargs)``.
 
@@ -137,7 +158,9 @@ class _PartitionStep:
         if self.on_result is not None:
             self.on_result(result)
         if not result.plan.get("duplicates") and not user_tagged:
-            # The plan changes nothing: the stock partition (which may recompute what it fuses).
+            # The plan changes nothing: the stock partition (which may recompute what it
+            # fuses), but never of a value the core pins for correctness.
+            write_correctness_pins(joint, result.plan)
             return stock_partition(joint, joint_inputs, **kwargs)
         if self.tag_only:
             apply_plan(joint, result.plan, tag_only=True)

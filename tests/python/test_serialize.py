@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import operator
-import time
 
 import pytest
 import torch
@@ -32,6 +31,7 @@ NODE_FIELDS = {
     "flops": (False, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0),
     "module_stack": (False, lambda v: isinstance(v, list)),
     "rng": (False, lambda v: isinstance(v, bool)),
+    "rng_state_bytes": (False, lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
     "symint": (False, lambda v: isinstance(v, bool)),
     "collective": (False, lambda v: isinstance(v, bool)),
     "view": (False, lambda v: isinstance(v, bool)),
@@ -75,6 +75,8 @@ def check_doc(doc: dict) -> None:
             assert all(isinstance(s, int) and s >= 0 for s in fact["shape"])
             itemsize = torch.empty((), dtype=getattr(torch, fact["dtype"])).element_size()
             assert fact["bytes"] == math.prod(fact["shape"]) * itemsize, where
+        if node.get("rng_state_bytes"):
+            assert node.get("rng") is True, f"{where}: rng_state_bytes on a node that is not rng"
         for frame in node.get("module_stack", []):
             assert set(frame) == {"fqn", "type"} and frame["fqn"] and frame["type"], where
         if node["kind"] == "placeholder":
@@ -479,7 +481,8 @@ def test_discover_units_rule_details():
 # --------------------------------------------------------------------------
 
 
-def test_large_graph_serialises_in_seconds():
+def test_large_graph_serialises():
+    # Its speed is measured in benchmarks/ (scaling), never asserted in a test.
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():
@@ -504,13 +507,10 @@ def test_large_graph_serialises_in_seconds():
         cur.meta["autograd_backward"] = i >= n_nodes // 2
         cur.meta["ac_module_stack"] = [(f"layers.{i // 1000}", "Block")]
     g.output(cur)
-    t0 = time.perf_counter()
-    text = to_json(g)
-    elapsed = time.perf_counter() - t0
-    doc = json.loads(text)
+    doc = json.loads(to_json(g))
     assert len(doc["nodes"]) == n_nodes + 3
     assert doc["nodes"][2]["flops"] == 2 * 64 * 64 * 64
-    assert elapsed < 30, f"100k nodes took {elapsed:.1f}s"
+    assert doc["nodes"][-2]["phase"] == "backward" and doc["nodes"][3]["phase"] == "forward"
 
 
 # --------------------------------------------------------------------------

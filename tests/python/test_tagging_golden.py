@@ -829,7 +829,11 @@ class CounterBlock(nn.Module):
         return x + self.proj(x) * self.scale
 
 
-def test_mutated_buffer_is_not_read_by_a_replay():
+@pytest.mark.parametrize("compiler", ["eager", "inductor"])
+def test_mutated_buffer_is_not_read_by_a_replay(compiler):
+    # Stock torch.compile (aot_eager and Inductor, torch 2.13) recomputes `scale + 1`
+    # in the backward from the buffer it already updated: its gradients are wrong here.
+    # hyper_ac's plan recomputes nothing, and its pins go with the stock partition.
     import hyper_ac
 
     core()
@@ -839,11 +843,15 @@ def test_mutated_buffer_is_not_read_by_a_replay():
     eager(x).sum().backward()
     torch._dynamo.reset()
     try:
-        torch.compile(compiled, backend=hyper_ac.backend({"ac_mode": "selective"}, model=compiled))(x).sum().backward()
+        backend = hyper_ac.backend({"ac_mode": "selective"}, model=compiled, compiler=compiler)
+        torch.compile(compiled, backend=backend)(x).sum().backward()
     finally:
         torch._dynamo.reset()
     for a, b in zip(eager.parameters(), compiled.parameters()):
-        assert torch.equal(a.grad, b.grad)
+        if compiler == "eager":
+            assert torch.equal(a.grad, b.grad)
+        else:  # Inductor's fused kernels round differently; stock's error here is ~1.8x
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6)
     # The buffer's new value is saved: serialize marks the buffer `mutated`.
     for buf_a, buf_b in zip(eager.buffers(), compiled.buffers()):
         assert torch.equal(buf_a, buf_b)
