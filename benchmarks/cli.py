@@ -64,6 +64,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                              "so a smoke run never overwrites the committed results)")
     parser.add_argument("--layers", type=int, default=None)
     parser.add_argument("--hidden", type=int, default=None)
+    parser.add_argument("--dropout", type=float, default=0.0,
+                        help="dropout probability of every model (default 0; every strategy draws from the same seed)")
     parser.add_argument("--seq", type=int, default=None)
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None, help="timed steps per cell (median)")
@@ -123,7 +125,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         timed = 7
         scaling_opts = ScalingOptions()
     spec = ModelSpec(layers=args.layers or spec.layers, hidden=args.hidden or spec.hidden, heads=spec.heads,
-                     seq=args.seq or spec.seq, batch=args.batch or spec.batch)
+                     seq=args.seq or spec.seq, batch=args.batch or spec.batch, dropout=args.dropout)
     if args.captured_layers:
         scaling_opts.captured_layers = tuple(args.captured_layers)
     if args.synthetic_layers:

@@ -124,14 +124,17 @@ class ModelSpec:
     heads: int = 4
     seq: int = 128
     batch: int = 4
+    dropout: float = 0.0  # every dropout of the model (HF's default is 0.1); replayed under rng: replay
 
 
 def build_model(name: str, spec: ModelSpec):
     from hyper_ac import models
 
     if name == "transformer":
-        return models.build("transformer", spec.layers, dim=spec.hidden, heads=spec.heads, max_seq=spec.seq)
-    return models.build(name, spec.layers, hidden=spec.hidden, heads=spec.heads, max_seq=spec.seq)
+        return models.build("transformer", spec.layers, dim=spec.hidden, heads=spec.heads, max_seq=spec.seq,
+                            dropout=spec.dropout)
+    return models.build(name, spec.layers, hidden=spec.hidden, heads=spec.heads, max_seq=spec.seq,
+                        dropout=spec.dropout)
 
 
 def build_batch(name: str, spec: ModelSpec) -> dict:

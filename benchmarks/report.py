@@ -79,8 +79,9 @@ def render_markdown(meta: dict, step_rows: list[dict], pareto: dict, scaling: li
         spec = meta["spec"]
         out += ["## One training step", "",
                 f"Models at {spec['layers']} layers, hidden {spec['hidden']}, {spec['heads']} heads, seq {spec['seq']}, "
-                f"batch {spec['batch']}, fp32, CPU, {meta.get('threads', '?')} torch thread(s). Compiled strategies run the partitioned graphs as FX code (no "
-                f"Inductor; runner: {meta.get('fx_runner')}), so every strategy executes the same aten kernels. Peak = tensor bytes allocated during "
+                f"batch {spec['batch']}, dropout {spec.get('dropout', 0.0)}, fp32, CPU, {meta.get('threads', '?')} torch thread(s). "
+                f"Strategies without an `inductor_` prefix run the partitioned graphs as FX code (runner: {meta.get('fx_runner')}), "
+                "so they execute the same aten kernels; `inductor*` rows run stock Inductor (compared with allclose). Peak = tensor bytes allocated during "
                 "the measured step (hyper_ac.memory.track(); parameters and inputs excluded, gradients included). "
                 "×none / ×min-cut: ratio to the no-checkpointing run / to PyTorch's min-cut partitioner in the same "
                 "run. Bitwise: loss and every gradient `torch.equal` to the reference (compiled strategies: `none`; "

@@ -19,6 +19,9 @@ from benchmarks.harness import _Probe, _make_step_fn, _storage_ptrs, joint_run_p
 # --------------------------------------------------------------------------
 
 
+_MEASURED_STEP_SEED = 1234
+
+
 @dataclasses.dataclass
 class StepOptions:
     spec: ModelSpec
@@ -96,6 +99,8 @@ def run_strategy(name: str, strategy: str, opts: StepOptions) -> tuple[dict, Opt
                  if strategy in EAGER else contextlib.nullcontext())
         probe.saved.clear()
         tracker = memory.track() if memory.is_available() else None
+        # Every strategy's measured step draws the same random numbers (models with dropout).
+        torch.manual_seed(_MEASURED_STEP_SEED)
         with (tracker if tracker is not None else contextlib.nullcontext()):
             probe.recording = True
             with hooks:

@@ -216,6 +216,41 @@ def test_user_checkpoint_is_honoured(mode):
         assert torch.equal(got, ref)
 
 
+def _hf_step_peak(model, batch, backend):
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend)
+    compiled(**batch).loss.backward()  # compile + warm up
+    model.zero_grad(set_to_none=True)
+    with hyper_ac.memory.track() as tracked:
+        loss = compiled(**batch).loss
+        loss.backward()
+    torch._dynamo.reset()
+    return tracked.peak_bytes, loss.detach(), [p.grad for p in model.parameters()]
+
+
+@pytest.mark.skipif(not hyper_ac.memory.is_available(), reason="memory tracking extension not built")
+@pytest.mark.parametrize("mode", ["off", "auto"])
+def test_hf_gradient_checkpointing_enable_is_honoured(mode):
+    """The most common way to turn checkpointing on (HF's per-layer checkpoint) is not undone."""
+    from hyper_ac import models
+
+    model = models.build("qwen2", 3)
+    batch = models.example_batch("qwen2", batch=4, seq=48)
+    reference = copy.deepcopy(model)
+    ref_loss = reference(**batch).loss
+    ref_loss.backward()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    stock_peak, _, _ = _hf_step_peak(copy.deepcopy(model), batch, "aot_eager")
+    trained = copy.deepcopy(model)
+    peak, loss, grads = _hf_step_peak(trained, batch, hyper_ac.backend({"ac_mode": mode}, model=trained))
+    assert peak <= stock_peak, f"{mode}: {peak} B vs stock aot_eager {stock_peak} B"
+    assert torch.equal(loss, ref_loss.detach())
+    for (name, ref), got in zip(reference.named_parameters(), grads):
+        assert (ref.grad is None) == (got is None), name
+        if got is not None:
+            assert torch.equal(got, ref.grad), name
+
+
 def test_user_recompute_tags_seed_the_plan():
     from torch.utils.checkpoint import CheckpointPolicy
 
