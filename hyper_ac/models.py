@@ -36,7 +36,7 @@ __all__ = [
 
 DEFAULT_SEED = 0
 
-HF_MODEL_NAMES = ("gpt2", "llama", "mistral", "qwen2", "mixtral", "bert")
+HF_MODEL_NAMES = ("gpt2", "llama", "mistral", "qwen2", "mixtral", "bert", "t5")
 MODEL_NAMES = ("mlp", "transformer") + HF_MODEL_NAMES
 
 
@@ -195,7 +195,7 @@ def hf_model(
     ``name``: ``gpt2`` (GPT2LMHeadModel), ``llama`` (LlamaForCausalLM),
     ``mistral`` (MistralForCausalLM), ``qwen2`` (Qwen2ForCausalLM),
     ``mixtral`` (MixtralForCausalLM, 4 experts, top-2), ``bert``
-    (BertForMaskedLM). ``overrides`` go to the config unchanged.
+    (BertForMaskedLM), ``t5`` (T5ForConditionalGeneration). ``overrides`` go to the config unchanged.
     """
     import transformers as tf
 
@@ -239,6 +239,14 @@ def hf_model(
             attention_probs_dropout_prob=dropout, **common,
         )
         cls, loss_type = tf.BertForMaskedLM, "ForMaskedLM"
+    elif name == "t5":
+        # Encoder-decoder: two kinds of repeated block (encoder.block.N, decoder.block.N).
+        cfg = tf.T5Config(
+            vocab_size=vocab, d_model=hidden, d_kv=hidden // heads, d_ff=2 * hidden, num_layers=num_layers,
+            num_decoder_layers=num_layers, num_heads=heads, dropout_rate=dropout, decoder_start_token_id=0,
+            pad_token_id=0, eos_token_id=1, **common,
+        )
+        cls, loss_type = tf.T5ForConditionalGeneration, None
     else:
         raise ValueError(f"unknown HF model {name!r}; choose from {HF_MODEL_NAMES}")
     for k, v in overrides.items():
@@ -247,7 +255,8 @@ def hf_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = cls(cfg)
-    model.loss_type = loss_type  # silences transformers' "unrecognized loss_type" warning
+    if loss_type is not None:
+        model.loss_type = loss_type  # silences transformers' "unrecognized loss_type" warning
     model.train()
     return model
 
@@ -264,7 +273,7 @@ def example_batch(model_name: str, batch: int = 2, seq: int = 16, *, vocab: int 
     if name == "mlp":
         return {"x": torch.randn(batch, dim, generator=g), "target": torch.randn(batch, dim, generator=g)}
     ids = torch.randint(0, vocab, (batch, seq), generator=g)
-    if name in ("transformer", "gpt2", "llama", "mistral", "qwen2", "mixtral"):
+    if name in ("transformer", "gpt2", "llama", "mistral", "qwen2", "mixtral", "t5"):
         return {"input_ids": ids, "labels": ids.clone()}
     if name == "bert":
         labels = torch.full_like(ids, -100)

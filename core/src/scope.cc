@@ -186,20 +186,25 @@ std::vector<ModuleFrame> units_from_model(const ModelFacts& model) {
   if (model.marked) marked.push_back("");
   for (const auto& m : modules)
     if (m.marked && m.same_as.empty()) marked.push_back(m.fqn);
+  auto strictly_under = [](const std::string& fqn, const std::string& root) {
+    return fqn.size() > root.size() + 1 && fqn.compare(0, root.size(), root) == 0 && fqn[root.size()] == '.';
+  };
+  auto at_or_inside_a_unit = [&](const std::string& fqn) {
+    return std::any_of(unit_fqns.begin(), unit_fqns.end(),
+                       [&](const std::string& u) { return fqn == u || strictly_under(fqn, u); });
+  };
   std::vector<std::string> pending;
   for (const auto& fqn : marked) {
+    // A marked block that is itself a unit (T5Block, with its own `layer` list) is
+    // not searched again: units never nest.
+    if (at_or_inside_a_unit(fqn)) continue;
     std::vector<std::string> containers;
     containers_below(fqn, 0, containers);
     if (containers.empty()) pending.push_back(fqn);
     for (const auto& container : containers) add_children(container);
   }
-  auto strictly_under = [](const std::string& fqn, const std::string& root) {
-    return fqn.size() > root.size() + 1 && fqn.compare(0, root.size(), root) == 0 && fqn[root.size()] == '.';
-  };
   for (const auto& fqn : pending) {
-    if (std::any_of(unit_fqns.begin(), unit_fqns.end(),
-                    [&](const std::string& u) { return fqn == u || strictly_under(fqn, u); }))
-      continue;
+    if (at_or_inside_a_unit(fqn)) continue;
     std::vector<std::string> containers;
     containers_below(fqn, 8, containers);
     for (const auto& container : containers) {

@@ -197,6 +197,27 @@ TEST_CASE("marker rule: BERT-depth search, identity dedup, nothing inside a unit
     CHECK(fqns_of(units_from_model(g.model)) ==
           std::vector<std::string>{"layers.0", "layers.1", "layers.2", "extra.enc", "head.0"});
   }
+  SECTION("a marked unit's own block list is not searched (T5: encoder.block.N.layer)") {
+    json section = {{"type", "T5ForConditionalGeneration"}, {"marked", true}, {"modules", json::array({
+        module("encoder", "T5Stack", kMarked),
+        module("encoder.block", "ModuleList", kContainer),
+        module("encoder.block.0", "T5Block", kMarked),
+        module("encoder.block.0.layer", "ModuleList", kContainer),
+        module("encoder.block.0.layer.0", "T5LayerSelfAttention"),
+        module("encoder.block.0.layer.1", "T5LayerFF"),
+        module("encoder.block.1", "T5Block", kMarked),
+        module("encoder.block.1.layer", "ModuleList", kContainer),
+        module("encoder.block.1.layer.0", "T5LayerSelfAttention"),
+        module("encoder.block.1.layer.1", "T5LayerFF"),
+        module("decoder", "T5Stack", kMarked),
+        module("decoder.block", "ModuleList", kContainer),
+        module("decoder.block.0", "T5Block", kMarked),
+        module("decoder.block.0.layer", "ModuleList", kContainer),
+        module("decoder.block.0.layer.0", "T5LayerSelfAttention"),
+    })}};
+    CHECK(fqns_of(units_from_model(facts_only(section).model)) ==
+          std::vector<std::string>{"encoder.block.0", "encoder.block.1", "decoder.block.0"});
+  }
   SECTION("a shared block listed twice in one container counts once") {
     json section = {{"type", "Net"}, {"marked", true}, {"modules", json::array({
         module("layers", "ModuleList", kContainer),

@@ -131,7 +131,7 @@ def _saved_random_outputs(result) -> list:
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("name", ["random_ops", "gpt2", "bert"])
+@pytest.mark.parametrize("name", ["random_ops", "gpt2", "bert", "t5"])
 def test_replay_is_bitwise_and_keeps_the_generator(name, mode):
     model, batch, reference = _reference(name)
     trained = copy.deepcopy(model)
