@@ -149,12 +149,7 @@ class _PartitionStep:
                           "(it is partitioned as stock torch.compile does it)",
                           stacklevel=2)
             return stock_partition(joint, joint_inputs, **kwargs)
-        for diagnostic in result.diagnostics:
-            if diagnostic["level"] == "warning":
-                warnings.warn(diagnostic["message"], stacklevel=2)
-            else:
-                _LOG.info("%s", diagnostic["message"])
-        _LOG.info("%s", result.summary())
+        result.report()
         if self.on_result is not None:
             self.on_result(result)
         if not result.plan.get("duplicates") and not user_tagged:

@@ -116,6 +116,15 @@ class PassResult:
             f"recompute {s['recompute_flops']:.3g} FLOPs"
         )
 
+    def report(self) -> None:
+        """The plan's warnings as Python warnings (attributed to the caller's caller), the rest and the summary to the log."""
+        for diagnostic in self.diagnostics:
+            if diagnostic["level"] == "warning":
+                warnings.warn(diagnostic["message"], stacklevel=3)
+            else:
+                _LOG.info("%s", diagnostic["message"])
+        _LOG.info("%s", self.summary())
+
 
 def _require_annotated(gm: fx.GraphModule) -> None:
     for node in gm.graph.nodes:
@@ -215,12 +224,7 @@ class ActivationCheckpointPass(GraphPass):
         t0 = time.perf_counter()
         apply_plan(graph_module, result.plan, tag_only=self.tag_only, recompile=recompile)
         result.apply_seconds = time.perf_counter() - t0
-        for diagnostic in result.diagnostics:
-            if diagnostic["level"] == "warning":
-                warnings.warn(diagnostic["message"], stacklevel=2)
-            else:
-                _LOG.info("%s", diagnostic["message"])
-        _LOG.info("%s", result.summary())
+        result.report()
         _LOG.debug("plan: %s", json.dumps(result.plan, indent=1))
         self.result = result
         return graph_module

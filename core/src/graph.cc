@@ -2,8 +2,10 @@
 #include "hyper_ac/saturate.h"
 
 #include <algorithm>
+#include <array>
 #include <cinttypes>
 #include <cstdio>
+#include <optional>
 #include <sstream>
 #include <string_view>
 #include <unordered_map>
@@ -165,20 +167,25 @@ Phase parse_phase(const std::string& text, const std::string& where) {
   fail(where, "unknown phase '" + text + "' (expected forward or backward)");
 }
 
+// The wire names are to_string's: one spelling for reading and writing.
+constexpr std::array<Role, 5> kRoles{Role::Activation, Role::Parameter, Role::Buffer, Role::Input, Role::Tangent};
+constexpr std::array<Policy, 4> kPolicies{Policy::MustSave, Policy::PreferSave, Policy::MustRecompute,
+                                          Policy::PreferRecompute};
+
+template <typename Enum, std::size_t N>
+std::optional<Enum> named(std::string_view text, const std::array<Enum, N>& values) {
+  for (Enum value : values)
+    if (text == to_string(value)) return value;
+  return std::nullopt;
+}
+
 Role parse_role(const std::string& text, const std::string& where) {
-  if (text == "activation") return Role::Activation;
-  if (text == "parameter") return Role::Parameter;
-  if (text == "buffer") return Role::Buffer;
-  if (text == "input") return Role::Input;
-  if (text == "tangent") return Role::Tangent;
+  if (auto role = named(text, kRoles)) return *role;
   fail(where, "unknown role '" + text + "' (expected activation, parameter, buffer, input or tangent)");
 }
 
 Policy parse_policy(const std::string& text, const std::string& where) {
-  if (text == "MUST_SAVE") return Policy::MustSave;
-  if (text == "PREFER_SAVE") return Policy::PreferSave;
-  if (text == "MUST_RECOMPUTE") return Policy::MustRecompute;
-  if (text == "PREFER_RECOMPUTE") return Policy::PreferRecompute;
+  if (auto policy = named(text, kPolicies)) return *policy;
   fail(where, "unknown policy '" + text + "' (expected MUST_SAVE, PREFER_SAVE, MUST_RECOMPUTE or PREFER_RECOMPUTE)");
 }
 
@@ -931,19 +938,12 @@ class StreamLoader {
       }
       case kRole:
         if (type != Scalar::String) return fault();
-        if (*string_ == "activation") node_.role = Role::Activation;
-        else if (*string_ == "parameter") node_.role = Role::Parameter;
-        else if (*string_ == "buffer") node_.role = Role::Buffer;
-        else if (*string_ == "input") node_.role = Role::Input;
-        else if (*string_ == "tangent") node_.role = Role::Tangent;
+        if (auto role = named(*string_, kRoles)) node_.role = *role;
         else fault();
         return;
       case kPolicy:
         if (type != Scalar::String) return fault();
-        if (*string_ == "MUST_SAVE") node_.policy = Policy::MustSave;
-        else if (*string_ == "PREFER_SAVE") node_.policy = Policy::PreferSave;
-        else if (*string_ == "MUST_RECOMPUTE") node_.policy = Policy::MustRecompute;
-        else if (*string_ == "PREFER_RECOMPUTE") node_.policy = Policy::PreferRecompute;
+        if (auto policy = named(*string_, kPolicies)) node_.policy = *policy;
         else fault();
         return;
       case kRecomputedFrom:

@@ -72,6 +72,25 @@ struct Tagger {
     ++counter;
   }
 
+  // The structural saves, whatever a tag says: an RNG op not replayed, a
+  // collective hyper_ac always saves, a SymInt. True when node i took one.
+  bool save_structural(std::size_t i, bool collective) {
+    const Node& node = graph.nodes[i];
+    if (node.rng) {
+      set(i, Policy::MustSave, "rng");
+      ++result.stats.saved_rng;
+    } else if (collective) {
+      set(i, Policy::MustSave, "collective");
+      ++result.stats.saved_collective;
+    } else if (node.symint) {
+      set(i, Policy::MustSave, "symint");
+      ++result.stats.saved_symint;
+    } else {
+      return false;
+    }
+    return true;
+  }
+
   Policy mode_policy(const Node& node) const {
     const OpPolicyTable& table = options.op_policy;
     if (options.mode == Mode::Full) return Policy::MustRecompute;
@@ -109,18 +128,7 @@ struct Tagger {
           break;
         case Policy::PreferRecompute:
           // As PyTorch's min-cut: never saved, unless a structural rule must save it.
-          if (node.rng) {
-            set(i, Policy::MustSave, "rng");
-            ++result.stats.saved_rng;
-          } else if (collective) {
-            set(i, Policy::MustSave, "collective");
-            ++result.stats.saved_collective;
-          } else if (node.symint) {
-            set(i, Policy::MustSave, "symint");
-            ++result.stats.saved_symint;
-          } else {
-            set(i, Policy::MustRecompute, "user");
-          }
+          if (!save_structural(i, collective)) set(i, Policy::MustRecompute, "user");
           break;
       }
       user[i] = 1;
@@ -169,17 +177,8 @@ struct Tagger {
         // output's. A random op no larger than its state stays saved ("rng").
         set(i, mode_policy(node), "rng-replay");
         ++result.stats.rng_replay_candidates;
-      } else if (node.rng) {
-        set(i, Policy::MustSave, "rng");
-        ++result.stats.saved_rng;
-      } else if (op_matches(table.saved_collectives, node.target) ||
-                 (options.save_forward_all_gather && op_matches(table.all_gathers, node.target))) {
-        set(i, Policy::MustSave, "collective");
-        ++result.stats.saved_collective;
-      } else if (node.symint) {
-        set(i, Policy::MustSave, "symint");
-        ++result.stats.saved_symint;
-      } else {
+      } else if (!save_structural(i, op_matches(table.saved_collectives, node.target) ||
+                                         (options.save_forward_all_gather && op_matches(table.all_gathers, node.target)))) {
         Policy policy = mode_policy(node);
         set(i, policy, policy == Policy::MustSave ? "op-table" : "");
       }
