@@ -51,7 +51,10 @@ def apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], *, tag_only: bool = 
     if tag_only:
         return gm
 
+    # Duplicates come in schedule order; a node may be copied once per replay
+    # segment. A copy reads the latest copy of each input made before it.
     duplicate_of: dict[fx.Node, fx.Node] = {}
+    copies: list[fx.Node] = []
     for entry in plan.get("duplicates", []):
         original = node_named(entry["of"], "duplicate")
         before = node_named(entry["before"], "insertion point")
@@ -70,13 +73,22 @@ def apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], *, tag_only: bool = 
         copy.meta["ac_recomputed"] = True
         copy.meta["ac_recomputed_from"] = original.name
         duplicate_of[original] = copy
+        copies.append(copy)
 
     for entry in plan.get("redirects", []):
         consumer = node_named(entry["node"], "redirect")
         original = node_named(entry["input"], "redirect")
         if original not in duplicate_of:
             raise ValueError(f"plan redirects '{consumer.name}' to a duplicate of '{original.name}', which was not made")
-        consumer.replace_input_with(original, duplicate_of[original])
+        index = entry.get("copy", -1)
+        if index is None or index < 0:
+            copy = duplicate_of[original]
+        elif index >= len(copies) or copies[index].meta.get("ac_recomputed_from") != original.name:
+            raise ValueError(f"plan redirects '{consumer.name}' to copy #{index}, which is not a duplicate of "
+                             f"'{original.name}'")
+        else:
+            copy = copies[index]
+        consumer.replace_input_with(original, copy)
 
     for name in plan.get("erase", []):
         node = node_named(name, "erase")

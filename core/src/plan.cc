@@ -45,6 +45,13 @@ std::string joined(const std::vector<std::string>& items, std::size_t limit = 8)
   return out;
 }
 
+// The replay schedule follows the units (remat.h).
+RematOptions unit_schedule(const Scope& scope) {
+  RematOptions options;
+  options.node_unit = scope.node_unit;
+  return options;
+}
+
 // The budget as a simulated peak (everything resident included). Absolute
 // sizes are that peak. A fraction f keeps f of the all-saved activation bytes:
 // the all-saved step's peak less (1 - f) of the activations its backward reads.
@@ -67,7 +74,7 @@ Evaluation choose_within_budget(const Graph& graph, const Config& config, const 
   Evaluation chosen;
   bool met = false, any = false;
   for (const auto& point : frontier.points) {
-    Evaluation evaluation = evaluate(graph, point.policies, stages.cost);
+    Evaluation evaluation = evaluate(graph, point.policies, stages.cost, unit_schedule(result.scope));
     evaluation.lambda = point.lambda;
     result.timings.remat_seconds += evaluation.remat_seconds + evaluation.simulate_seconds;
     if (evaluation.simulated_peak_bytes <= target) {
@@ -80,7 +87,7 @@ Evaluation choose_within_budget(const Graph& graph, const Config& config, const 
       any = true;
     }
   }
-  if (!any) chosen = evaluate(graph, result.tags.policies, stages.cost);
+  if (!any) chosen = evaluate(graph, result.tags.policies, stages.cost, unit_schedule(result.scope));
   result.stats.budget_met = met;
   if (!met) {
     result.diagnostics.push_back(
@@ -127,10 +134,11 @@ StageOptions stage_options(const Config& config, const OpPolicyTable& op_policy)
   return stages;
 }
 
-Evaluation evaluate(const Graph& graph, const std::vector<Policy>& policies, const CostOptions& cost) {
+Evaluation evaluate(const Graph& graph, const std::vector<Policy>& policies, const CostOptions& cost,
+                    const RematOptions& remat) {
   Evaluation evaluation;
   auto stage = Clock::now();
-  evaluation.remat = plan_remat(graph, policies);
+  evaluation.remat = plan_remat(graph, policies, remat);
   evaluation.remat_seconds = seconds_since(stage);
   stage = Clock::now();
   const SimulateResult simulated = simulate_memory(graph, &evaluation.remat);
@@ -184,12 +192,12 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
     MinCutResult cut = solve_min_cut(graph, result.tags.policies, stages.mincut);
     result.timings.mincut_seconds = seconds_since(stage);
     for (const auto& note : cut.diagnostics) result.diagnostics.push_back(note);
-    evaluation = evaluate(graph, cut.policies, stages.cost);
+    evaluation = evaluate(graph, cut.policies, stages.cost, unit_schedule(result.scope));
     evaluation.lambda = cut.lambda;
   } else if (config.mode == Mode::Budget) {
     evaluation = choose_within_budget(graph, config, stages, before, result);
   } else {
-    evaluation = evaluate(graph, result.tags.policies, stages.cost);
+    evaluation = evaluate(graph, result.tags.policies, stages.cost, unit_schedule(result.scope));
   }
   result.timings.remat_seconds += evaluation.remat_seconds;
   result.timings.simulate_seconds += evaluation.simulate_seconds;
@@ -308,7 +316,8 @@ std::string plan_to_json(const Graph& graph, const PlanResult& result, bool incl
   }
   document["duplicates"] = duplicates;
   json redirects = json::array();
-  for (const auto& r : result.remat.redirects) redirects.push_back({{"node", name(r.node)}, {"input", name(r.input)}});
+  for (const auto& r : result.remat.redirects)
+    redirects.push_back({{"node", name(r.node)}, {"input", name(r.input)}, {"copy", r.copy}});
   document["redirects"] = redirects;
   json erase = json::array();
   for (auto e : result.remat.erase) erase.push_back(name(e));

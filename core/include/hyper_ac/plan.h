@@ -101,8 +101,10 @@ struct Evaluation {
 };
 
 // plan_remat + simulate_memory + recompute cost for `policies` (sized like
-// graph.nodes). Throws as plan_remat.
-Evaluation evaluate(const Graph& graph, const std::vector<Policy>& policies, const CostOptions& cost);
+// graph.nodes). `remat` carries the unit of every node (Scope::node_unit) for
+// the replay schedule; default: one replay segment. Throws as plan_remat.
+Evaluation evaluate(const Graph& graph, const std::vector<Policy>& policies, const CostOptions& cost,
+                    const RematOptions& remat = {});
 
 // The memory / recompute frontier under the config's scope and rules (any
 // mode: tags are taken as in `auto`): one evaluation per distinct min-cut over
