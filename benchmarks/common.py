@@ -25,6 +25,7 @@ STRATEGIES = (
     "selective",
     "auto",
     "budget",
+    "output_recompute",    # full with regions.output_recompute: adjacent units share one saved boundary
     "inductor",            # stock torch.compile (Inductor, its own min-cut partitioner)
     "inductor_off",        # hyper_ac.backend(config with compiler: inductor, compiler="inductor"), each mode
     "inductor_full",
@@ -36,11 +37,14 @@ STRATEGIES = (
     "ckpt_auto",
 )
 HAC_MODES = ("full", "selective", "auto", "budget")
+# hyper_ac through the eager compiler (FX code): the rows with plan figures and memory truth.
+HAC_EAGER = (*HAC_MODES, "output_recompute")
 INDUCTOR = ("inductor", "inductor_off", "inductor_full", "inductor_selective", "inductor_auto", "inductor_budget")
 CKPT = ("ckpt_aot_eager", "ckpt_off", "ckpt_auto")
 # Every strategy that runs hyper_ac.backend: strategy -> (mode, compiler, model checkpoints its layers).
 HAC_STRATEGIES = {
     **{m: (m, "eager", False) for m in HAC_MODES},
+    "output_recompute": ("output_recompute", "eager", False),
     **{f"inductor_{m}": (m, "inductor", False) for m in ("off", *HAC_MODES)},
     "ckpt_off": ("off", "eager", True),
     "ckpt_auto": ("auto", "eager", True),
@@ -288,6 +292,8 @@ def hac_config(mode: str) -> dict:
     """The config of one hyper_ac mode (the budget from the ``budget`` preset)."""
     from hyper_ac.config import mode_config
 
+    if mode == "output_recompute":
+        return {"activation_checkpoint": {"mode": "full", "regions": {"output_recompute": True}}}
     return mode_config(mode)
 
 

@@ -6,7 +6,7 @@ import csv
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from benchmarks.common import CKPT, HAC_MODES, INDUCTOR, MEMORY_TRUTH_MODELS, MiB
+from benchmarks.common import CKPT, HAC_EAGER, INDUCTOR, MEMORY_TRUTH_MODELS, MiB
 
 # --------------------------------------------------------------------------
 # outputs
@@ -68,6 +68,10 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def _known(value: int):
+    return None if value is None or value < 0 else value
+
+
 def render_markdown(meta: dict, step_rows: list[dict], pareto: dict, scaling: list[dict], core_rows: list[dict],
                     flow_rows: list[dict], notes: dict) -> str:
     out = ["# hyper_ac benchmark results", ""]
@@ -126,7 +130,7 @@ def render_markdown(meta: dict, step_rows: list[dict], pareto: dict, scaling: li
                              str(r.get("hac_nodes_duplicated", "–")), _yn(r.get("grads_allclose"))])
             out += [_md_table(header, body), ""]
 
-        hac = [r for r in step_rows if r.get("status") == "ok" and r["strategy"] in HAC_MODES]
+        hac = [r for r in step_rows if r.get("status") == "ok" and r["strategy"] in HAC_EAGER]
         if hac:
             out += ["### hyper_ac plan figures", "",
                     "From the core's plan stats: saved bytes before/after the plan (what the backward reads), "
@@ -182,6 +186,24 @@ def render_markdown(meta: dict, step_rows: list[dict], pareto: dict, scaling: li
                 out.append(f"- {name}: {len(p['points'])} points in {p['seconds'] * 1e3:.0f} ms"
                            f" (line in `memory_vs_recompute_{name}.png`)")
         out.append("")
+        timelines = {name: p["unit_timelines"] for name, p in pareto.items() if p.get("unit_timelines")}
+        if timelines:
+            out += ["## Per-unit backward peak (simulated)", "",
+                    "The core's simulated live activation bytes, highest while the backward runs each unit "
+                    "(its replayed copies included): no checkpointing (before) vs `full` and `output_recompute` "
+                    "(after). With one replay alive at a time the figures fall from the last unit to the first.",
+                    ""]
+            header = ["model", "unit", "none MiB", "full MiB", "output_recompute MiB"]
+            body = []
+            for name, by_strategy in timelines.items():
+                full = by_strategy.get("full", [])
+                chained = {u["fqn"]: u for u in by_strategy.get("output_recompute", [])}
+                for unit in full:
+                    other = chained.get(unit["fqn"], {})
+                    body.append([name, unit["fqn"], _mib(_known(unit["backward_peak_before"])),
+                                 _mib(_known(unit["backward_peak_after"])),
+                                 _mib(_known(other.get("backward_peak_after", -1)))])
+            out += [_md_table(header, body), ""]
 
     if scaling:
         out += ["## Planning time vs graph size", "",
@@ -359,7 +381,7 @@ def render_plots(out_dir: Path, step_rows: list[dict], pareto: dict, scaling: li
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
         for r in rows:
             x = (r.get("recompute_flops") or 0.0) / 1e9
-            style = dict(marker=markers.get(r["strategy"], "o"), s=70 if r["strategy"] in HAC_MODES else 50,
+            style = dict(marker=markers.get(r["strategy"], "o"), s=70 if r["strategy"] in HAC_EAGER else 50,
                          label=r["strategy"], zorder=3)
             if r.get("saved_bytes") is not None:
                 axes[0].scatter(x, r["saved_bytes"] / MiB, **style)

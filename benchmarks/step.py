@@ -11,7 +11,7 @@ import time
 import traceback
 from typing import Any, Callable, Optional, Sequence
 
-from benchmarks.common import EAGER, HAC_MODES, HAC_STRATEGIES, INDUCTOR, ModelSpec, reference_of, _first_line, _loss_of, _median, _progress, _quiet, _ratio, build_batch, build_model
+from benchmarks.common import EAGER, HAC_EAGER, HAC_STRATEGIES, hac_config, INDUCTOR, ModelSpec, reference_of, _first_line, _loss_of, _median, _progress, _quiet, _ratio, build_batch, build_model
 from benchmarks.harness import _Probe, _make_step_fn, _storage_ptrs, joint_run_peak
 
 # --------------------------------------------------------------------------
@@ -147,7 +147,7 @@ def run_strategy(name: str, strategy: str, opts: StepOptions) -> tuple[dict, Opt
             row["plan_seconds"] = probe.plan_seconds
         _clear_grads(model)
 
-    if strategy == "none" or strategy in HAC_MODES:
+    if strategy == "none" or strategy in HAC_EAGER:
         try:
             with _quiet():
                 row["joint_run_peak_bytes"] = joint_run_peak(probe)
@@ -240,7 +240,7 @@ def _add_ratios(rows: list[dict]) -> None:
         if mincut is not None and r.get("recompute_flops") is not None:
             r["recompute_flops_vs_mincut"] = _ratio(r["recompute_flops"], mincut.get("recompute_flops"))
         # memory truth: simulated activation peak (core) vs measured peak (track())
-        if r["strategy"] in HAC_MODES:
+        if r["strategy"] in HAC_EAGER:
             sim_act = r.get("hac_simulated_activation_peak_after")
             sim = r.get("hac_simulated_peak_after")
         elif r["strategy"] == "none":
@@ -259,8 +259,12 @@ def _add_ratios(rows: list[dict]) -> None:
             r["simulated_vs_joint_run_pct"] = 100.0 * (sim_act - r["joint_run_peak_bytes"]) / r["joint_run_peak_bytes"]
 
 
+UNIT_TIMELINE_STRATEGIES = ("full", "output_recompute")
+
+
 def run_pareto(extras: dict, log: Callable[[str], None]) -> dict:
-    """hyper_ac.pareto on each model's joint graph (snapshot taken by the `none` run)."""
+    """hyper_ac.pareto on each model's joint graph (snapshot taken by the `none` run),
+    and the per-unit timeline of ``full`` and ``output_recompute`` on it."""
     import hyper_ac
     from hyper_ac.annotate import annotate_joint
 
@@ -271,7 +275,12 @@ def run_pareto(extras: dict, log: Callable[[str], None]) -> dict:
                 annotate_joint(joint, num_fwd_outputs, model=model)
                 t0 = time.perf_counter()
                 points = hyper_ac.pareto(joint, {"ac_mode": "auto"}, model=model)
-            out[name] = {"points": list(points), "seconds": time.perf_counter() - t0}
+                seconds = time.perf_counter() - t0
+                # Per-unit backward peaks (simulated) of the replay schedule, before vs after.
+                timelines = {strategy: hyper_ac.plan(joint, hac_config(strategy), model=model,
+                                                     timeline=True).plan["timeline"]["units"]
+                             for strategy in UNIT_TIMELINE_STRATEGIES}
+            out[name] = {"points": list(points), "seconds": seconds, "unit_timelines": timelines}
         except Exception as exc:
             out[name] = {"error": _first_line(exc)}
             log(f"  pareto {name}: {out[name]['error']}")

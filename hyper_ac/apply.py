@@ -54,7 +54,10 @@ def apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], *, tag_only: bool = 
     if tag_only:
         return gm
 
+    # Duplicates come in schedule order; a node may be copied once per replay
+    # segment. A copy reads the latest copy of each input made before it.
     duplicate_of: dict[fx.Node, fx.Node] = {}
+    copies: list[fx.Node] = []
     for entry in plan.get("duplicates", []):
         original = node_named(entry["of"], "duplicate")
         before = node_named(entry["before"], "insertion point")
@@ -73,16 +76,28 @@ def apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], *, tag_only: bool = 
         copy.meta["ac_recomputed"] = True
         copy.meta["ac_recomputed_from"] = original.name
         duplicate_of[original] = copy
+        copies.append(copy)
 
     for entry in plan.get("redirects", []):
         consumer = node_named(entry["node"], "redirect")
         original = node_named(entry["input"], "redirect")
         if original not in duplicate_of:
             raise ValueError(f"plan redirects '{consumer.name}' to a duplicate of '{original.name}', which was not made")
-        consumer.replace_input_with(original, duplicate_of[original])
+        index = entry.get("copy", -1)
+        if index is None or index < 0:
+            copy = duplicate_of[original]
+        elif index >= len(copies) or copies[index].meta.get("ac_recomputed_from") != original.name:
+            raise ValueError(f"plan redirects '{consumer.name}' to copy #{index}, which is not a duplicate of "
+                             f"'{original.name}'")
+        else:
+            copy = copies[index]
+        consumer.replace_input_with(original, copy)
 
+    copies_of: dict[str, list[fx.Node]] = {}
+    for copy in copies:
+        copies_of.setdefault(copy.meta["ac_recomputed_from"], []).append(copy)
     for entry in plan.get("rng_replays", []):
-        _replay_random_op(gm, entry, node_named, duplicate_of)
+        _replay_random_op(gm, entry, node_named, copies_of)
 
     for name in plan.get("erase", []):
         node = node_named(name, "erase")
@@ -98,18 +113,19 @@ def apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], *, tag_only: bool = 
 
 
 def _replay_random_op(gm: fx.GraphModule, entry: Mapping[str, Any], node_named: Any,
-                      duplicate_of: dict[fx.Node, fx.Node]) -> None:
+                      copies_of: dict[str, list[fx.Node]]) -> None:
     """One plan ``rng_replays`` entry: the forward random op ``of`` runs under
     ``run_and_save_rng_state`` (same draw, same generator advance) and keeps its
-    state as ``state``; its duplicate becomes ``run_with_rng_state(state, ...)``,
-    which draws the same numbers and restores the generator afterwards."""
+    state as ``state``; each of its duplicates (one per replay segment) becomes
+    ``run_with_rng_state(state, ...)``, which draws the same numbers and restores
+    the generator afterwards."""
     from torch._guards import detect_fake_mode
     from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 
     graph = gm.graph
     original = node_named(entry["of"], "rng replay")
-    duplicate = duplicate_of.get(original)
-    if duplicate is None:
+    duplicates = copies_of.get(original.name, [])
+    if not duplicates:
         raise ValueError(f"plan replays random op '{original.name}', which has no duplicate")
     meta = {k: v for k, v in original.meta.items() if k not in ("val", "tensor_meta", "recompute")}
     meta["autograd_backward"] = False
@@ -133,10 +149,10 @@ def _replay_random_op(gm: fx.GraphModule, entry: Mapping[str, Any], node_named: 
     original.replace_all_uses_with(output)
     graph.erase_node(original)
 
-    duplicate.target = run_with_rng_state
-    duplicate.args = (state, original.target, *duplicate.args)
-    duplicate.meta["ac_rng_replay"] = True
-    duplicate_of[output] = duplicate
+    for duplicate in duplicates:
+        duplicate.target = run_with_rng_state
+        duplicate.args = (state, original.target, *duplicate.args)
+        duplicate.meta["ac_rng_replay"] = True
 
 
 def _flatten_getitems(gm: fx.GraphModule) -> None:

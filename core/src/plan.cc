@@ -30,6 +30,22 @@ void record_timeline(const Graph& graph, PlanResult& result) {
   result.timeline.after = after.timeline;
   result.timeline.boundary_before = before.boundary_step;
   result.timeline.boundary_after = after.boundary_step;
+  const auto& node_unit = result.scope.node_unit;
+  auto unit_peaks = [&](const SimulateResult& simulated) {
+    std::vector<std::int64_t> peaks(result.scope.units.size(), -1);
+    if (node_unit.size() != graph.nodes.size()) return peaks;
+    for (std::size_t s = 0; s < simulated.timeline.size(); ++s) {
+      const auto node = static_cast<std::size_t>(simulated.timeline_nodes[s]);
+      const std::int32_t unit = node_unit[node];
+      // A duplicate step names its forward original: it runs in the backward too.
+      const bool in_backward = graph.nodes[node].is_backward() || static_cast<std::int32_t>(s) > simulated.boundary_step;
+      if (unit < 0 || !in_backward || static_cast<std::size_t>(unit) >= peaks.size()) continue;
+      peaks[static_cast<std::size_t>(unit)] = std::max(peaks[static_cast<std::size_t>(unit)], simulated.timeline[s]);
+    }
+    return peaks;
+  };
+  result.timeline.unit_backward_peak_before = unit_peaks(before);
+  result.timeline.unit_backward_peak_after = unit_peaks(after);
 }
 
 ScopeOptions scope_options(const Config& config) {
@@ -61,6 +77,13 @@ std::string joined(const std::vector<std::string>& items, std::size_t limit = 8)
   return out;
 }
 
+// The replay schedule follows the units (remat.h).
+RematOptions unit_schedule(const Scope& scope) {
+  RematOptions options;
+  options.node_unit = scope.node_unit;
+  return options;
+}
+
 // The budget as a simulated peak (everything resident included). Absolute
 // sizes are that peak. A fraction f keeps f of the all-saved activation bytes:
 // the all-saved step's peak less (1 - f) of the activations its backward reads.
@@ -85,7 +108,7 @@ Evaluation choose_within_budget(const Graph& graph, const Config& config, const 
   Evaluation chosen;
   bool met = false, any = false;
   for (const auto& point : frontier.points) {
-    Evaluation evaluation = evaluate(graph, point.policies, stages.cost);
+    Evaluation evaluation = evaluate(graph, point.policies, stages.cost, unit_schedule(result.scope));
     evaluation.lambda = point.lambda;
     result.timings.remat_seconds += evaluation.remat_seconds + evaluation.simulate_seconds;
     if (evaluation.simulated_peak_bytes <= target) {
@@ -98,7 +121,7 @@ Evaluation choose_within_budget(const Graph& graph, const Config& config, const 
       any = true;
     }
   }
-  if (!any) chosen = evaluate(graph, result.tags.policies, stages.cost);
+  if (!any) chosen = evaluate(graph, result.tags.policies, stages.cost, unit_schedule(result.scope));
   result.stats.budget_met = met;
   if (!met) {
     result.diagnostics.push_back(
@@ -115,14 +138,16 @@ Evaluation choose_within_budget(const Graph& graph, const Config& config, const 
 }
 
 // Scope and tags as the `auto` mode sees them (the frontier and the flow network).
-TagResult auto_tags(const Graph& graph, const PlanOptions& options, StageOptions& stages) {
+TagResult auto_tags(const Graph& graph, const PlanOptions& options, StageOptions& stages, Scope* scope_out = nullptr) {
   Config config = options.config;
   config.mode = Mode::Auto;
   config.mincut.memory_budget = std::monostate{};
   stages = stage_options(config, options.op_policy);
   Scope scope = resolve_scope(graph, stages.scope);
   stages.mincut.charge_inputs = scope.whole_graph;
-  return tag_policies(graph, scope, stages.tag);
+  TagResult tags = tag_policies(graph, scope, stages.tag);
+  if (scope_out != nullptr) *scope_out = std::move(scope);
+  return tags;
 }
 
 }  // namespace
@@ -148,10 +173,11 @@ StageOptions stage_options(const Config& config, const OpPolicyTable& op_policy)
   return stages;
 }
 
-Evaluation evaluate(const Graph& graph, const std::vector<Policy>& policies, const CostOptions& cost) {
+Evaluation evaluate(const Graph& graph, const std::vector<Policy>& policies, const CostOptions& cost,
+                    const RematOptions& remat) {
   Evaluation evaluation;
   auto stage = Clock::now();
-  evaluation.remat = plan_remat(graph, policies);
+  evaluation.remat = plan_remat(graph, policies, remat);
   evaluation.remat_seconds = seconds_since(stage);
   stage = Clock::now();
   const SimulateResult simulated = simulate_memory(graph, &evaluation.remat);
@@ -212,12 +238,12 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
     MinCutResult cut = solve_min_cut(graph, result.tags.policies, stages.mincut);
     result.timings.mincut_seconds = seconds_since(stage);
     for (const auto& note : cut.diagnostics) result.diagnostics.push_back(note);
-    evaluation = evaluate(graph, cut.policies, stages.cost);
+    evaluation = evaluate(graph, cut.policies, stages.cost, unit_schedule(result.scope));
     evaluation.lambda = cut.lambda;
   } else if (config.mode == Mode::Budget) {
     evaluation = choose_within_budget(graph, config, stages, before, result);
   } else {
-    evaluation = evaluate(graph, result.tags.policies, stages.cost);
+    evaluation = evaluate(graph, result.tags.policies, stages.cost, unit_schedule(result.scope));
   }
   result.timings.remat_seconds += evaluation.remat_seconds;
   result.timings.simulate_seconds += evaluation.simulate_seconds;
@@ -255,11 +281,12 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
 
 std::vector<Evaluation> pareto(const Graph& graph, const PlanOptions& options) {
   StageOptions stages;
-  const TagResult tags = auto_tags(graph, options, stages);
+  Scope scope;
+  const TagResult tags = auto_tags(graph, options, stages, &scope);
   ParetoResult frontier = pareto(graph, tags.policies, stages.mincut);
   std::vector<Evaluation> points;
   for (const auto& point : frontier.points) {
-    points.push_back(evaluate(graph, point.policies, stages.cost));
+    points.push_back(evaluate(graph, point.policies, stages.cost, unit_schedule(scope)));
     points.back().lambda = point.lambda;
   }
   return points;
@@ -337,7 +364,8 @@ std::string plan_to_json(const Graph& graph, const PlanResult& result, bool incl
   }
   document["duplicates"] = duplicates;
   json redirects = json::array();
-  for (const auto& r : result.remat.redirects) redirects.push_back({{"node", name(r.node)}, {"input", name(r.input)}});
+  for (const auto& r : result.remat.redirects)
+    redirects.push_back({{"node", name(r.node)}, {"input", name(r.input)}, {"copy", r.copy}});
   document["redirects"] = redirects;
   json erase = json::array();
   for (auto e : result.remat.erase) erase.push_back(name(e));
@@ -419,6 +447,12 @@ std::string plan_to_json(const Graph& graph, const PlanResult& result, bool incl
                             {"after", tl.after},
                             {"boundary_before", tl.boundary_before},
                             {"boundary_after", tl.boundary_after}};
+    json units = json::array();
+    for (std::size_t u = 0; u < result.scope.units.size(); ++u)
+      units.push_back({{"fqn", result.scope.units[u].fqn},
+                       {"backward_peak_before", tl.unit_backward_peak_before[u]},
+                       {"backward_peak_after", tl.unit_backward_peak_after[u]}});
+    document["timeline"]["units"] = units;
   }
   if (include_timings) {
     const auto& t = result.timings;

@@ -6,6 +6,7 @@
 
 #include "hyper_ac/alias.h"
 #include "hyper_ac/saturate.h"
+#include "hyper_ac/simulate.h"
 
 namespace hyper_ac {
 
@@ -30,6 +31,31 @@ std::string name_of(const Graph& graph, std::int32_t index) {
   return "'" + graph.nodes[static_cast<std::size_t>(index)].name + "'";
 }
 
+// Originals every reader of which is a redirected backward node or another
+// erased original: reverse topological order, readers decided first.
+std::vector<std::int32_t> erasable(const Graph& graph, const RematPlan& plan) {
+  const std::size_t n = graph.nodes.size();
+  std::vector<char> duplicated(n, 0), erased(n, 0);
+  for (const auto& dup : plan.duplicates) duplicated[static_cast<std::size_t>(dup.of)] = 1;
+  std::vector<std::int32_t> erase;
+  for (std::size_t k = n; k-- > 0;) {
+    // A random op still draws in the forward: its replay needs that state.
+    if (!duplicated[k] || graph.nodes[k].rng) continue;
+    bool read = false;
+    for (auto user : graph.users[k]) {
+      const Node& reader = graph.nodes[static_cast<std::size_t>(user)];
+      if (backward_consumer(reader) || erased[static_cast<std::size_t>(user)]) continue;
+      read = true;
+      break;
+    }
+    if (!read) {
+      erased[k] = 1;
+      erase.push_back(static_cast<std::int32_t>(k));
+    }
+  }
+  return erase;
+}
+
 }  // namespace
 
 std::size_t pin_tuple_projections(const Graph& graph, std::vector<Policy>& policies) {
@@ -45,6 +71,161 @@ std::size_t pin_tuple_projections(const Graph& graph, std::vector<Policy>& polic
   return changed;
 }
 
+namespace {
+
+// One candidate replay schedule: the duplicates (schedule order) and, per
+// (backward consumer, recomputed input), the copy it reads.
+struct Schedule {
+  std::vector<Duplicate> duplicates;
+  std::vector<Redirect> redirects;
+  std::size_t segments = 0;
+  std::size_t kept = 0;
+  double flops = 0.0;
+};
+
+class ReplayScheduler {
+ public:
+  ReplayScheduler(const Graph& graph, const std::vector<Policy>& policies, const std::vector<std::int32_t>& node_unit)
+      : graph_(graph), n_(graph.nodes.size()), recomputable_(n_, 0), unit_(node_unit) {
+    if (!unit_.empty() && unit_.size() != n_)
+      throw std::invalid_argument("plan_remat: node_unit has " + std::to_string(unit_.size()) + " entries for " +
+                                  std::to_string(n_) + " nodes");
+    for (std::size_t i = 0; i < n_; ++i) recomputable_[i] = recomputable(graph, policies, i) ? 1 : 0;
+    // Consumers and their segments.
+    std::int32_t current = -2;
+    for (std::size_t b = 0; b < n_; ++b) {
+      const Node& node = graph.nodes[b];
+      if (!backward_consumer(node)) continue;
+      std::int32_t first_unit = -1;
+      bool reads = false;
+      for (auto input : node.inputs)
+        if (recomputable_[static_cast<std::size_t>(input)]) {
+          reads = true;
+          if (first_unit < 0) first_unit = unit_of(input);
+        }
+      if (!reads) continue;
+      std::int32_t group = unit_of(static_cast<std::int32_t>(b));
+      if (group < 0) group = first_unit;
+      if (segment_start_.empty() || group != current) {
+        segment_start_.push_back(consumers_.size());
+        current = group;
+      }
+      consumers_.push_back(static_cast<std::int32_t>(b));
+    }
+    segment_start_.push_back(consumers_.size());
+    // Chained outputs: recomputed values read in forward by another unit.
+    std::vector<std::int32_t> owners;
+    chained_.assign(n_, 0);
+    if (!unit_.empty())
+      for (std::size_t v = 0; v < n_; ++v) {
+        if (!recomputable_[v]) continue;
+        for (auto user : graph.users[v]) {
+          const Node& reader = graph.nodes[static_cast<std::size_t>(user)];
+          if (!reader.is_forward() || reader.kind == NodeKind::Output) continue;
+          if (unit_[static_cast<std::size_t>(user)] == unit_[v]) continue;
+          chained_[v] = 1;
+          owners.push_back(unit_[v]);
+          break;
+        }
+      }
+    std::sort(owners.begin(), owners.end());
+    owners.erase(std::unique(owners.begin(), owners.end()), owners.end());
+    owners_ = owners;
+  }
+
+  const std::vector<std::int32_t>& owners() const { return owners_; }
+
+  // keep[k]: whether the chained outputs of owners()[k] are kept across segments.
+  Schedule build(const std::vector<char>& keep) const {
+    Schedule out;
+    std::vector<char> keep_node(n_, 0);
+    for (std::size_t v = 0; v < n_; ++v) {
+      if (!chained_[v]) continue;
+      auto at = std::lower_bound(owners_.begin(), owners_.end(), unit_[v]) - owners_.begin();
+      keep_node[v] = keep[static_cast<std::size_t>(at)];
+    }
+    std::vector<std::int32_t> kept_copy(n_, -1);     // index into `pending` of a kept copy
+    std::vector<std::int32_t> segment_copy(n_, -1);  // index into `pending` of this segment's copy
+    std::vector<std::int32_t> copy_segment(n_, -1);
+    struct Pending {
+      std::int32_t of, before;
+    };
+    std::vector<Pending> pending;
+    std::vector<std::pair<std::int32_t, std::int32_t>> reads;  // (consumer, input) -> copy later
+    std::vector<std::int32_t> read_copy;
+    std::vector<std::int32_t> stack;
+    for (std::size_t s = 0; s + 1 < segment_start_.size(); ++s) {
+      const auto seg = static_cast<std::int32_t>(s);
+      std::vector<std::int32_t> made;
+      for (std::size_t c = segment_start_[s]; c < segment_start_[s + 1]; ++c) {
+        const std::int32_t b = consumers_[c];
+        for (auto input : graph_.nodes[static_cast<std::size_t>(b)].inputs) {
+          auto x = static_cast<std::size_t>(input);
+          if (!recomputable_[x]) continue;
+          stack.push_back(input);
+          while (!stack.empty()) {
+            auto v = static_cast<std::size_t>(stack.back());
+            stack.pop_back();
+            if (!recomputable_[v]) continue;
+            if (copy_segment[v] == seg || kept_copy[v] >= 0) continue;
+            copy_segment[v] = seg;
+            segment_copy[v] = static_cast<std::int32_t>(pending.size());
+            pending.push_back({static_cast<std::int32_t>(v), b});
+            made.push_back(static_cast<std::int32_t>(v));
+            for (auto in : graph_.nodes[v].inputs) stack.push_back(in);
+          }
+          reads.emplace_back(b, input);
+          read_copy.push_back(copy_segment[x] == seg ? segment_copy[x] : kept_copy[x]);
+        }
+      }
+      for (auto v : made)
+        if (keep_node[static_cast<std::size_t>(v)] && kept_copy[static_cast<std::size_t>(v)] < 0) {
+          kept_copy[static_cast<std::size_t>(v)] = segment_copy[static_cast<std::size_t>(v)];
+          ++out.kept;
+        }
+      ++out.segments;
+    }
+    // Schedule order: by insertion point, then forward order.
+    std::vector<std::int32_t> order(pending.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::int32_t>(i);
+    std::sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
+      const Pending& x = pending[static_cast<std::size_t>(a)];
+      const Pending& y = pending[static_cast<std::size_t>(b)];
+      return x.before != y.before ? x.before < y.before : x.of < y.of;
+    });
+    std::vector<std::int32_t> position(pending.size());
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      position[static_cast<std::size_t>(order[i])] = static_cast<std::int32_t>(i);
+      const Pending& p = pending[static_cast<std::size_t>(order[i])];
+      out.duplicates.push_back({p.of, p.before});
+      out.flops = add_finite(out.flops, graph_.nodes[static_cast<std::size_t>(p.of)].flops);
+    }
+    for (std::size_t r = 0; r < reads.size(); ++r)
+      out.redirects.push_back({reads[r].first, reads[r].second, position[static_cast<std::size_t>(read_copy[r])]});
+    std::sort(out.redirects.begin(), out.redirects.end(), [](const Redirect& a, const Redirect& b) {
+      return a.node != b.node ? a.node < b.node : a.input < b.input;
+    });
+    out.redirects.erase(std::unique(out.redirects.begin(), out.redirects.end(),
+                                    [](const Redirect& a, const Redirect& b) { return a.node == b.node && a.input == b.input; }),
+                        out.redirects.end());
+    return out;
+  }
+
+ private:
+  std::int32_t unit_of(std::int32_t i) const { return unit_.empty() ? -1 : unit_[static_cast<std::size_t>(i)]; }
+
+  const Graph& graph_;
+  std::size_t n_;
+  std::vector<char> recomputable_;
+  std::vector<std::int32_t> unit_;
+  std::vector<std::int32_t> consumers_;
+  std::vector<std::size_t> segment_start_;
+  std::vector<char> chained_;
+  std::vector<std::int32_t> owners_;
+};
+
+}  // namespace
+
 RematPlan plan_remat(const Graph& graph, const std::vector<Policy>& requested, const RematOptions& options) {
   const std::size_t n = graph.nodes.size();
   if (requested.size() != n)
@@ -55,59 +236,57 @@ RematPlan plan_remat(const Graph& graph, const std::vector<Policy>& requested, c
   plan.stats.pinned_projections = pin_tuple_projections(graph, plan.policies);
   const std::vector<Policy>& policies = plan.policies;
 
-  // Earliest backward consumer of every recomputed node, walking inputs
-  // transitively through recomputed nodes. A node already assigned was reached
-  // from an earlier consumer together with its recomputed ancestors, so the
-  // walk stops there: linear in the graph size.
-  std::vector<std::int32_t> target(n, -1);
-  std::vector<std::int32_t> stack;
-  for (std::size_t b = 0; b < n; ++b) {
-    if (!backward_consumer(graph.nodes[b])) continue;
-    for (auto input : graph.nodes[b].inputs) stack.push_back(input);
-    while (!stack.empty()) {
-      auto current = static_cast<std::size_t>(stack.back());
-      stack.pop_back();
-      if (target[current] >= 0 || !recomputable(graph, policies, current)) continue;
-      target[current] = static_cast<std::int32_t>(b);
-      for (auto input : graph.nodes[current].inputs) stack.push_back(input);
+  const ReplayScheduler scheduler(graph, policies, options.node_unit);
+  const std::size_t owners = scheduler.owners().size();
+  std::vector<std::vector<char>> choices;
+  if (owners == 0) {
+    choices.emplace_back();
+  } else if (owners <= options.exact_keep_units) {
+    for (std::uint64_t mask = 0; mask < (std::uint64_t{1} << owners); ++mask) {
+      std::vector<char> keep(owners, 0);
+      for (std::size_t k = 0; k < owners; ++k) keep[k] = (mask >> k) & 1U ? 1 : 0;
+      choices.push_back(std::move(keep));
+    }
+  } else {
+    choices.emplace_back(owners, 0);
+    for (std::size_t p = 1; p <= owners; ++p) {
+      std::vector<char> keep(owners, 0);
+      for (std::size_t k = 0; k < owners; ++k) keep[k] = ((k + 1) % p == 0) ? 1 : 0;
+      choices.push_back(std::move(keep));
     }
   }
+  Schedule best;
+  if (choices.size() == 1) {
+    best = scheduler.build(choices.front());
+  } else {
+    std::int64_t best_peak = 0;
+    bool have = false;
+    for (const auto& keep : choices) {
+      Schedule candidate = scheduler.build(keep);
+      RematPlan trial;
+      trial.duplicates = candidate.duplicates;
+      trial.redirects = candidate.redirects;
+      trial.erase = erasable(graph, trial);
+      const std::int64_t peak = simulate_memory(graph, &trial).peak_bytes;
+      if (!have || peak < best_peak || (peak == best_peak && candidate.flops < best.flops)) {
+        best = std::move(candidate);
+        best_peak = peak;
+        have = true;
+      }
+    }
+  }
+  plan.stats.schedules_tried = choices.size() > 1 ? choices.size() : 0;
+  plan.stats.replay_segments = best.segments;
+  plan.stats.kept_outputs = best.kept;
+  plan.duplicates = std::move(best.duplicates);
+  plan.redirects = std::move(best.redirects);
+  plan.stats.recompute_flops = best.flops;
+  plan.stats.nodes_duplicated = plan.duplicates.size();
+  plan.erase = erasable(graph, plan);
+  plan.stats.nodes_erased = plan.erase.size();
 
   std::vector<char> duplicated(n, 0);
-  for (std::size_t i = 0; i < n; ++i) {
-    if (target[i] < 0) continue;
-    plan.duplicates.push_back({static_cast<std::int32_t>(i), target[i]});
-    duplicated[i] = 1;
-    plan.stats.recompute_flops = add_finite(plan.stats.recompute_flops, graph.nodes[i].flops);
-  }
-  plan.stats.nodes_duplicated = plan.duplicates.size();
-
-  for (const auto& dup : plan.duplicates)
-    for (auto user : graph.users[static_cast<std::size_t>(dup.of)])
-      if (backward_consumer(graph.nodes[static_cast<std::size_t>(user)])) plan.redirects.push_back({user, dup.of});
-  std::sort(plan.redirects.begin(), plan.redirects.end(), [](const Redirect& a, const Redirect& b) {
-    return a.node != b.node ? a.node < b.node : a.input < b.input;
-  });
-
-  // An original is erased once every reader is a redirected backward node or
-  // another erased original; walk in reverse so readers are decided first.
-  std::vector<char> erased(n, 0);
-  for (auto it = plan.duplicates.rbegin(); it != plan.duplicates.rend(); ++it) {
-    auto i = static_cast<std::size_t>(it->of);
-    if (graph.nodes[i].rng) continue;  // a random op still draws in the forward (its replay needs that state)
-    bool read = false;
-    for (auto user : graph.users[i]) {
-      const Node& reader = graph.nodes[static_cast<std::size_t>(user)];
-      if (backward_consumer(reader) || erased[static_cast<std::size_t>(user)]) continue;
-      read = true;
-      break;
-    }
-    if (!read) {
-      erased[i] = 1;
-      plan.erase.push_back(it->of);
-    }
-  }
-  plan.stats.nodes_erased = plan.erase.size();
+  for (const auto& dup : plan.duplicates) duplicated[static_cast<std::size_t>(dup.of)] = 1;
 
   // What the backward reads from the forward, before and after the rewrite.
   std::vector<char> saved_before(n, 0), saved_after(n, 0);
@@ -142,10 +321,11 @@ RematPlan plan_remat(const Graph& graph, const std::vector<Policy>& requested, c
     if (saved_after[i]) count(i, counted_after, plan.stats.saved_values_after, plan.stats.saved_bytes_after);
   }
 
-  for (const auto& dup : plan.duplicates) {
-    const Node& node = graph.nodes[static_cast<std::size_t>(dup.of)];
-    if (!node.rng || node.rng_state_bytes <= 0) continue;
-    plan.rng_replays.push_back(dup.of);
+  for (std::size_t i = 0; i < n; ++i) {
+    // One saved state per random op, however many replay segments copy it.
+    const Node& node = graph.nodes[i];
+    if (!duplicated[i] || !node.rng || node.rng_state_bytes <= 0) continue;
+    plan.rng_replays.push_back(static_cast<std::int32_t>(i));
     ++plan.stats.rng_replayed;
     plan.stats.rng_state_bytes += node.rng_state_bytes;
     ++plan.stats.saved_values_after;
@@ -170,9 +350,17 @@ std::vector<ScheduleStep> rewritten_schedule(const Graph& graph, const RematPlan
     if (e < 0 || static_cast<std::size_t>(e) >= n) throw PlanError("erase names a node outside the graph");
     erased[static_cast<std::size_t>(e)] = 1;
   }
-  std::unordered_set<std::uint64_t> redirected;
-  for (const auto& r : plan.redirects)
-    redirected.insert((static_cast<std::uint64_t>(static_cast<std::uint32_t>(r.node)) << 32) | static_cast<std::uint32_t>(r.input));
+  std::unordered_map<std::uint64_t, std::int32_t> redirected;  // (consumer, input) -> copy index, -1 = latest
+  for (const auto& r : plan.redirects) {
+    if (r.node < 0 || static_cast<std::size_t>(r.node) >= n || r.input < 0 || static_cast<std::size_t>(r.input) >= n)
+      throw PlanError("a redirect names a node outside the graph");
+    if (r.copy >= 0 && (static_cast<std::size_t>(r.copy) >= plan.duplicates.size() || plan.duplicates[static_cast<std::size_t>(r.copy)].of != r.input))
+      throw PlanError("redirect of '" + graph.nodes[static_cast<std::size_t>(r.node)].name + "' names copy #" +
+                      std::to_string(r.copy) + ", which is not a duplicate of '" +
+                      graph.nodes[static_cast<std::size_t>(r.input)].name + "'");
+    redirected[(static_cast<std::uint64_t>(static_cast<std::uint32_t>(r.node)) << 32) | static_cast<std::uint32_t>(r.input)] = r.copy;
+  }
+  std::vector<std::int32_t> copy_step(plan.duplicates.size(), -1);
 
   std::vector<std::int32_t> original_step(n, -1), duplicate_step(n, -1);
   std::vector<ScheduleStep> schedule;
@@ -188,6 +376,7 @@ std::vector<ScheduleStep> rewritten_schedule(const Graph& graph, const RematPlan
         step.inputs.push_back(duplicate_step[x] >= 0 ? duplicate_step[x] : original_step[x]);
       }
       duplicate_step[static_cast<std::size_t>(dup.of)] = static_cast<std::int32_t>(schedule.size());
+      copy_step[static_cast<std::size_t>(d)] = static_cast<std::int32_t>(schedule.size());
       schedule.push_back(std::move(step));
     }
     if (erased[i]) continue;
@@ -195,8 +384,11 @@ std::vector<ScheduleStep> rewritten_schedule(const Graph& graph, const RematPlan
     step.node = static_cast<std::int32_t>(i);
     for (auto input : graph.nodes[i].inputs) {
       auto x = static_cast<std::size_t>(input);
-      bool via_dup = redirected.count((static_cast<std::uint64_t>(i) << 32) | static_cast<std::uint32_t>(input)) > 0;
-      step.inputs.push_back(via_dup ? duplicate_step[x] : original_step[x]);
+      auto via = redirected.find((static_cast<std::uint64_t>(i) << 32) | static_cast<std::uint32_t>(input));
+      if (via == redirected.end())
+        step.inputs.push_back(original_step[x]);
+      else
+        step.inputs.push_back(via->second >= 0 ? copy_step[static_cast<std::size_t>(via->second)] : duplicate_step[x]);
     }
     original_step[i] = static_cast<std::int32_t>(schedule.size());
     schedule.push_back(std::move(step));
@@ -207,12 +399,14 @@ std::vector<ScheduleStep> rewritten_schedule(const Graph& graph, const RematPlan
 void validate_plan(const Graph& graph, const RematPlan& plan) {
   const std::size_t n = graph.nodes.size();
   std::vector<char> has_dup(n, 0);
+  std::unordered_set<std::uint64_t> placed;
   for (const auto& dup : plan.duplicates) {
     if (dup.of < 0 || static_cast<std::size_t>(dup.of) >= n || dup.before < 0 || static_cast<std::size_t>(dup.before) >= n)
       throw PlanError("a duplicate names a node outside the graph");
     const Node& original = graph.nodes[static_cast<std::size_t>(dup.of)];
     const Node& before = graph.nodes[static_cast<std::size_t>(dup.before)];
-    if (has_dup[static_cast<std::size_t>(dup.of)]) throw PlanError("node " + name_of(graph, dup.of) + " is duplicated twice");
+    if (!placed.insert((static_cast<std::uint64_t>(static_cast<std::uint32_t>(dup.of)) << 32) | static_cast<std::uint32_t>(dup.before)).second)
+      throw PlanError("node " + name_of(graph, dup.of) + " is duplicated twice before " + name_of(graph, dup.before));
     has_dup[static_cast<std::size_t>(dup.of)] = 1;
     if (!original.is_forward() || original.kind != NodeKind::CallFunction)
       throw PlanError("duplicate of " + name_of(graph, dup.of) + ": only forward call_function nodes can be recomputed");

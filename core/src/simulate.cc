@@ -150,7 +150,10 @@ SimulateResult simulate_memory(const Graph& graph, const RematPlan* plan, const 
   std::vector<__int128> held(steps, 0);  // bytes allocated so far per storage root
   std::vector<char> counted(steps, 0);
   __int128 live = 0, peak = 0;
-  if (options.record_timeline) result.timeline.reserve(steps);
+  if (options.record_timeline) {
+    result.timeline.reserve(steps);
+    result.timeline_nodes.reserve(steps);
+  }
   for (std::size_t s = 0; s < steps; ++s) {
     if (transfer[s] > 0) {
       auto from = static_cast<std::size_t>(storage.find(schedule[s].inputs.front()));
@@ -172,7 +175,10 @@ SimulateResult simulate_memory(const Graph& graph, const RematPlan* plan, const 
         ++result.stats.storages;
       }
     }
-    if (options.record_timeline) result.timeline.push_back(clamp_bytes(live));
+    if (options.record_timeline) {
+      result.timeline.push_back(clamp_bytes(live));
+      result.timeline_nodes.push_back(schedule[s].node);
+    }
     if (result.peak_step < 0 || live > peak) {
       peak = live;
       result.peak_step = static_cast<std::int32_t>(s);

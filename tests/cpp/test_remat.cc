@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <map>
 #include <random>
 
 #include "hyper_ac/plan.h"
@@ -55,7 +56,7 @@ std::pair<Graph, std::vector<Policy>> random_graph(std::mt19937& rng, int forwar
 
 }  // namespace
 
-TEST_CASE("duplicates go in front of the earliest backward consumer, in forward order", "[remat]") {
+TEST_CASE("each unit's duplicates go in front of that unit's first backward consumer, in backward order", "[remat]") {
   Graph g = two_units().graph();
   PlanOptions o;
   o.config = parse_config(kFull);
@@ -64,9 +65,13 @@ TEST_CASE("duplicates go in front of the earliest backward consumer, in forward 
   const RematPlan& plan = r.remat;
   std::vector<std::string> dup_names;
   for (const auto& d : plan.duplicates) dup_names.push_back(g.nodes[static_cast<std::size_t>(d.of)].name);
-  CHECK(dup_names == std::vector<std::string>{"mm0", "relu0", "mm1", "relu1"});
-  CHECK(g.nodes[static_cast<std::size_t>(plan.duplicates[2].before)].name == "g_mul1");
-  CHECK(g.nodes[static_cast<std::size_t>(plan.duplicates[0].before)].name == "g_relu0");
+  // Schedule order: unit 1's replay (its backward runs first), then unit 0's.
+  CHECK(dup_names == std::vector<std::string>{"mm1", "relu1", "mm0", "relu0"});
+  CHECK(g.nodes[static_cast<std::size_t>(plan.duplicates[0].before)].name == "g_mul1");
+  CHECK(g.nodes[static_cast<std::size_t>(plan.duplicates[1].before)].name == "g_mul1");
+  CHECK(g.nodes[static_cast<std::size_t>(plan.duplicates[2].before)].name == "g_relu0");
+  CHECK(g.nodes[static_cast<std::size_t>(plan.duplicates[3].before)].name == "g_relu0");
+  CHECK(plan.stats.replay_segments == 2);
   // Every recomputed original is still read in forward (relu_i by mul_i): none is erased.
   CHECK(plan.erase.empty());
   CHECK(plan.stats.nodes_duplicated == 4);
@@ -192,4 +197,81 @@ TEST_CASE("a projection of a saved tuple is saved, never recomputed from the tup
   policies[static_cast<std::size_t>(b.index("out0"))] = Policy::PreferRecompute;
   CHECK(pin_tuple_projections(g, policies) == 0);
   CHECK(plan_remat(g, policies).duplicates.size() == 2);
+}
+
+namespace {
+
+// A stack of `units` blocks h_{k+1} = mul(relu(h_k)) under layers.k, each
+// value `bytes` big, and a backward that walks the blocks in reverse, each
+// reading its own relu and its input.
+GraphBuilder chain(int units, std::int64_t bytes) {
+  GraphBuilder b;
+  auto node = [&](const std::string& name, const std::string& target, std::vector<std::string> inputs,
+                  const std::string& fqn, const std::string& phase) {
+    GraphBuilder::NodeSpec spec;
+    spec.target = target;
+    spec.inputs = std::move(inputs);
+    spec.fqn = fqn;
+    spec.phase = phase;
+    spec.bytes = bytes;
+    b.add(name, spec);
+  };
+  b.placeholder("x", "input", bytes);
+  node("h0", "aten::neg.default", {"x"}, "", "forward");
+  for (int k = 0; k < units; ++k) {
+    std::string fqn = "layers." + std::to_string(k), id = std::to_string(k);
+    node("a" + id, "aten::relu.default", {"h" + id}, fqn, "forward");
+    node("h" + std::to_string(k + 1), "aten::mul.Tensor", {"a" + id}, fqn, "forward");
+  }
+  node("loss", "aten::sum.default", {"h" + std::to_string(units)}, "", "forward");
+  b.placeholder("t", "tangent", bytes, "backward");
+  std::string grad = "t";
+  for (int k = units - 1; k >= 0; --k) {
+    std::string fqn = "layers." + std::to_string(k), id = std::to_string(k);
+    // The backward of a block carries the block's module stack (annotate_joint's seq_nr rule).
+    node("ga" + id, "aten::threshold_backward.default", {grad, "a" + id}, fqn, "backward");
+    node("gh" + id, "aten::mul.Tensor", {"ga" + id, "h" + id}, fqn, "backward");
+    grad = "gh" + id;
+  }
+  b.output({"loss", grad});
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("chained replays keep or replay unit outputs for the least simulated peak", "[remat]") {
+  GraphBuilder b = chain(4, 1000);
+  Graph g = b.graph();
+  PlanOptions full, chained;
+  full.config = parse_config(kFull);
+  chained.config = parse_config(R"({"ac_mode": "full", "ac_regions": {"output_recompute": true}})");
+  auto f = plan(g, full);
+  auto c = plan(g, chained);
+  CHECK_NOTHROW(validate_plan(g, c.remat));
+  CHECK(c.remat.stats.schedules_tried > 1);
+  CHECK(c.stats.simulated_activation_peak_after < f.stats.simulated_activation_peak_after);
+  // Some unit output is replayed more than once (a node copied in two segments).
+  std::map<std::int32_t, int> copies;
+  for (const auto& d : c.remat.duplicates) ++copies[d.of];
+  CHECK(std::any_of(copies.begin(), copies.end(), [](const auto& kv) { return kv.second > 1; }));
+  // Each redirect reads a copy of the node it names, placed before the reader.
+  for (const auto& r : c.remat.redirects) {
+    REQUIRE(r.copy >= 0);
+    CHECK(c.remat.duplicates[static_cast<std::size_t>(r.copy)].of == r.input);
+    CHECK(c.remat.duplicates[static_cast<std::size_t>(r.copy)].before <= r.node);
+  }
+  // Same graph, same plan.
+  auto again = plan(g, chained);
+  CHECK(plan_to_json(g, again) == plan_to_json(g, c));
+}
+
+TEST_CASE("a redirect naming a copy of another node is rejected", "[remat]") {
+  Graph g = two_units().graph();
+  PlanOptions o;
+  o.config = parse_config(kFull);
+  auto r = plan(g, o);
+  RematPlan bad = r.remat;
+  REQUIRE(bad.redirects.size() >= 1);
+  bad.redirects[0].copy = bad.redirects[0].copy == 0 ? 1 : 0;
+  CHECK_THROWS_AS(validate_plan(g, bad), PlanError);
 }

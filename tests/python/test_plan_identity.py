@@ -118,7 +118,7 @@ def test_timeline_is_opt_in_and_adds_only_itself():
         timeline = with_timeline.pop("timeline")
         assert with_timeline == json.loads(plain)
         stats = with_timeline["stats"]
-        assert set(timeline) == {"before", "after", "boundary_before", "boundary_after"}
+        assert set(timeline) == {"before", "after", "boundary_before", "boundary_after", "units"}
         assert 0 <= timeline["boundary_before"] < len(timeline["before"])
         assert 0 <= timeline["boundary_after"] < len(timeline["after"])
         if mode == "off":
@@ -127,3 +127,9 @@ def test_timeline_is_opt_in_and_adds_only_itself():
             assert max(timeline["before"]) == stats["simulated_activation_peak_before"]
             assert max(timeline["after"]) == stats["simulated_activation_peak_after"]
             assert len(timeline["after"]) == len(timeline["before"]) + stats["nodes_duplicated"] - stats["nodes_erased"]
+            # Per unit: the highest live bytes in its backward, never above the step's peak.
+            units = timeline["units"]
+            assert [u["fqn"] for u in units] == [f"layers.{i}" for i in range(len(units))] and units
+            for unit in units:
+                assert 0 < unit["backward_peak_before"] <= stats["simulated_activation_peak_before"]
+                assert 0 < unit["backward_peak_after"] <= stats["simulated_activation_peak_after"]

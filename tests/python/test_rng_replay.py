@@ -308,3 +308,20 @@ def test_inductor_fallback_random_replays_the_forward_draws():
             torch.testing.assert_close(grads[name], reference[1][name], rtol=1e-4, atol=1e-5)
     for name in got["save"][1]:
         torch.testing.assert_close(got["replay"][1][name], got["save"][1][name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["random_ops", "gpt2"])
+def test_output_recompute_replays_every_copy_bitwise(name):
+    # Chained replays may copy a random op once per replay segment: every copy
+    # replays the one saved state, so the draws and the generator stay eager's.
+    model, batch, reference = _reference(name)
+    config = {"activation_checkpoint": {"mode": "full", "regions": {"output_recompute": True}}}
+    compiled, results = _compiled(copy.deepcopy(model), config)
+    torch._dynamo.reset()
+    got = _step(compiled, batch)
+    torch._dynamo.reset()
+    _assert_same(reference, got)
+    plan = results[0].plan
+    replayed = [r["of"] for r in plan["rng_replays"]]
+    assert replayed and len(replayed) == len(set(replayed)), "one saved state per random op"
+    assert results[0].stats["rng_state_bytes"] == sum(r["state_bytes"] for r in plan["rng_replays"])

@@ -71,6 +71,11 @@ struct PlanTimeline {
   std::vector<std::int64_t> after;
   std::int32_t boundary_before = -1;
   std::int32_t boundary_after = -1;
+  // Per unit (Scope::units order): the most live bytes while the backward runs
+  // that unit's nodes (its replayed copies included), before and after; -1 =
+  // the unit has no backward step.
+  std::vector<std::int64_t> unit_backward_peak_before;
+  std::vector<std::int64_t> unit_backward_peak_after;
 };
 
 struct PlanResult {
@@ -120,8 +125,10 @@ struct Evaluation {
 };
 
 // plan_remat + simulate_memory + recompute cost for `policies` (sized like
-// graph.nodes). Throws as plan_remat.
-Evaluation evaluate(const Graph& graph, const std::vector<Policy>& policies, const CostOptions& cost);
+// graph.nodes). `remat` carries the unit of every node (Scope::node_unit) for
+// the replay schedule; default: one replay segment. Throws as plan_remat.
+Evaluation evaluate(const Graph& graph, const std::vector<Policy>& policies, const CostOptions& cost,
+                    const RematOptions& remat = {});
 
 // The memory / recompute frontier under the config's scope and rules (any
 // mode: tags are taken as in `auto`): one evaluation per distinct min-cut over

@@ -1,6 +1,6 @@
 // Remat planning: turn per-node policies into graph edits (duplicates of
-// recomputed forward nodes in front of their earliest backward consumer,
-// redirects, erasures) and check that a plan is valid.
+// recomputed forward nodes, scheduled per unit just before that unit's
+// backward reads them; redirects; erasures) and check that a plan is valid.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +18,10 @@ class PlanError : public std::logic_error {
   using std::logic_error::logic_error;
 };
 
+// One recomputed copy. A node may be copied more than once (once per replay
+// segment, see plan_remat); a copy's inputs read the latest copy of each
+// recomputed input emitted before it (duplicates are in schedule order), or
+// the original when the input is not recomputed.
 struct Duplicate {
   std::int32_t of = -1;      // forward node copied
   std::int32_t before = -1;  // backward node the copy is inserted in front of
@@ -25,7 +29,8 @@ struct Duplicate {
 
 struct Redirect {
   std::int32_t node = -1;   // backward consumer
-  std::int32_t input = -1;  // recomputed original it now reads through its duplicate
+  std::int32_t input = -1;  // recomputed original it now reads through a duplicate
+  std::int32_t copy = -1;   // index into RematPlan::duplicates of that duplicate; -1 = the latest one before `node`
 };
 
 struct RematStats {
@@ -41,13 +46,16 @@ struct RematStats {
   std::int64_t rng_state_bytes = 0;     // their states' bytes (part of saved_bytes_after)
   double recompute_flops = 0.0;         // FLOPs of all duplicates
   std::size_t pinned_projections = 0;   // getitems pin_tuple_projections turned to MUST_SAVE
+  std::size_t replay_segments = 0;      // backward runs that replay one unit's values (plan_remat)
+  std::size_t kept_outputs = 0;         // chained unit outputs kept from an earlier replay instead of replayed again
+  std::size_t schedules_tried = 0;      // keep/replay choices simulated (chained replays only)
 };
 
 struct RematPlan {
   // The policies the plan applies: the requested ones with tuple projections
   // pinned (pin_tuple_projections), sized like graph.nodes.
   std::vector<Policy> policies;
-  std::vector<Duplicate> duplicates;  // emission order = forward order
+  std::vector<Duplicate> duplicates;  // schedule order: by insertion point, then forward order
   std::vector<Redirect> redirects;
   std::vector<std::int32_t> erase;    // reverse topological order
   std::vector<std::int32_t> saved;    // forward values the rewritten backward reads, graph order
@@ -61,13 +69,36 @@ struct RematPlan {
 struct RematOptions {
   // Check the plan with validate_plan before returning it.
   bool validate = true;
+  // Per graph node (sized like graph.nodes, scope.h's Scope::node_unit), the
+  // unit it belongs to, -1 = none; backward nodes carry their forward's unit.
+  // Empty = no unit structure: the whole backward is one replay segment.
+  std::vector<std::int32_t> node_unit;
+  // Chained replays: exact keep/replay search up to this many units owning a
+  // chained output (2^n simulated schedules); beyond it, "keep every p-th
+  // unit's output" for p = 1..n and "keep none".
+  std::size_t exact_keep_units = 10;
 };
 
 // Policies are per node (sized like graph.nodes); plan_remat first pins tuple
 // projections (pin_tuple_projections) on its own copy, kept in
-// RematPlan::policies. Forward nodes whose policy is_recompute() are duplicated when some backward node reads them (directly
-// or through other recomputed nodes). Duplicates of an earlier pass are never
-// duplicated again.
+// RematPlan::policies. Forward nodes whose policy is_recompute() are
+// duplicated when some backward node reads them (directly or through other
+// recomputed nodes). Duplicates of an earlier pass are never duplicated again.
+//
+// Replay schedule. Backward consumers of recomputed values are cut into
+// segments: maximal runs whose unit (options.node_unit; a consumer without
+// one takes the unit of the first recomputed value it reads) stays the same.
+// Each segment replays what it reads, and the recomputed inputs of that,
+// transitively: every copy is inserted before the segment's earliest consumer
+// that needs it (directly or through another copy), never earlier, and a
+// segment's copies are not reused by later segments, so one unit's replay is
+// dead before the next unit's replay begins. The exception are chained unit
+// outputs (recomputed values read in forward by another unit, which only
+// exist with regions.output_recompute): a later segment either reuses the
+// copy an earlier segment made (keep) or replays it again from the nearest
+// kept output or saved boundary. The choice is per unit owning such outputs,
+// and the plan takes the choice with the least simulated activation peak
+// (ties: least recompute FLOPs, then the fewest kept units).
 RematPlan plan_remat(const Graph& graph, const std::vector<Policy>& policies,
                      const RematOptions& options = {});
 

@@ -51,6 +51,8 @@ struct SimulateResult {
   // Per step: activation bytes alive while it runs (as for the peak). Empty
   // unless SimulateOptions::record_timeline.
   std::vector<std::int64_t> timeline;
+  // Per timeline step: the graph node it runs (a duplicate: its original).
+  std::vector<std::int32_t> timeline_nodes;
   SimulateStats stats;
 };
 
