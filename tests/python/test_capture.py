@@ -78,7 +78,7 @@ def test_hf_model_tiny_config():
     assert m.config.use_cache is False and m.config.num_hidden_layers == 3
     assert m.config.hidden_size == 64 and m.config.num_attention_heads == 4
     with pytest.raises(ValueError, match="unknown HF model"):
-        models.hf_model("t5")
+        models.hf_model("bart")
 
 
 # --------------------------------------------------------------------------
