@@ -94,8 +94,13 @@ def _instrument(aot_backend: Any, probe: _Probe, *, snapshot: bool = False, budg
         probe.joint_graph = joint  # rewritten in place by hyper_ac's pass: what the simulator simulated
         probe.resident_bytes = sum(_int_bytes(n.meta.get("val")) for n in joint.graph.nodes if n.op == "placeholder")
         if snapshot:
-            with _quiet():
-                probe.joint = (copy.deepcopy(joint), num_fwd_outputs)
+            try:
+                with _quiet():
+                    probe.joint = (copy.deepcopy(joint), num_fwd_outputs)
+            except RuntimeError:
+                # Some graphs' meta cannot be deep-copied (T5: a fake tensor on "meta" with a cpu
+                # storage); the snapshot only feeds the diagnostic columns (joint run, pareto).
+                probe.joint = None
         patch = (functorch_config.patch(activation_memory_budget=budget) if budget is not None
                  else contextlib.nullcontext())
         t0 = time.perf_counter()
