@@ -107,8 +107,9 @@ Evaluation choose_within_budget(const Graph& graph, const Config& config, const 
   result.timings.mincut_seconds = seconds_since(stage);
   Evaluation chosen;
   bool met = false, any = false;
+  const RematOptions schedule = unit_schedule(result.scope);  // one copy of the unit map for every point
   for (const auto& point : frontier.points) {
-    Evaluation evaluation = evaluate(graph, point.policies, stages.cost, unit_schedule(result.scope));
+    Evaluation evaluation = evaluate(graph, point.policies, stages.cost, schedule);
     evaluation.lambda = point.lambda;
     result.timings.remat_seconds += evaluation.remat_seconds + evaluation.simulate_seconds;
     if (evaluation.simulated_peak_bytes <= target) {
@@ -121,7 +122,7 @@ Evaluation choose_within_budget(const Graph& graph, const Config& config, const 
       any = true;
     }
   }
-  if (!any) chosen = evaluate(graph, result.tags.policies, stages.cost, unit_schedule(result.scope));
+  if (!any) chosen = evaluate(graph, result.tags.policies, stages.cost, schedule);
   result.stats.budget_met = met;
   if (!met) {
     result.diagnostics.push_back(
@@ -285,8 +286,9 @@ std::vector<Evaluation> pareto(const Graph& graph, const PlanOptions& options) {
   const TagResult tags = auto_tags(graph, options, stages, &scope);
   ParetoResult frontier = pareto(graph, tags.policies, stages.mincut);
   std::vector<Evaluation> points;
+  const RematOptions schedule = unit_schedule(scope);
   for (const auto& point : frontier.points) {
-    points.push_back(evaluate(graph, point.policies, stages.cost, unit_schedule(scope)));
+    points.push_back(evaluate(graph, point.policies, stages.cost, schedule));
     points.back().lambda = point.lambda;
   }
   return points;
