@@ -50,16 +50,21 @@ PYBIND11_MODULE(_core, m) {
     d["activations_read_by_backward"] = s.activations_read_by_backward;
     d["forward_flops"] = s.forward_flops;
     d["backward_flops"] = s.backward_flops;
+    d["elided_copies"] = s.elided_copies;
     return d;
   }, py::arg("graph_json"), "Load and validate a graph; return its summary as a dict.");
 
   m.def("print_graph", [](const std::string& graph_json) {
-    return print_graph(load_graph(graph_json).graph);
-  }, py::arg("graph_json"), "Stable text form of a graph.");
+    LoadOptions as_written;
+    as_written.elide_copies = false;
+    return print_graph(load_graph(graph_json, as_written).graph);
+  }, py::arg("graph_json"), "Stable text form of a graph (as written: no copy elided).");
 
   m.def("roundtrip", [](const std::string& graph_json) {
-    return graph_to_json(load_graph(graph_json).graph);
-  }, py::arg("graph_json"), "Load a graph and re-emit its canonical JSON.");
+    LoadOptions as_written;
+    as_written.elide_copies = false;
+    return graph_to_json(load_graph(graph_json, as_written).graph);
+  }, py::arg("graph_json"), "Load a graph and re-emit its canonical JSON (as written: no copy elided).");
 
   m.def("validate_config", [](const std::string& config_json) {
     return config_to_json(parse_config(config_json));

@@ -1,4 +1,4 @@
-"""Apply the core's plan to a joint FX graph: tags, duplicates, redirects, erasures.
+"""Apply the core's plan to a joint FX graph: elided copies, tags, duplicates, redirects, erasures.
 
 The plan says what to do (``hyper_ac.plan``); this module only does it:
 ``node_copy`` each duplicate before its insertion point, redirect the backward
@@ -16,7 +16,7 @@ import torch
 from torch import fx
 from torch.utils.checkpoint import CheckpointPolicy
 
-__all__ = ["apply_plan"]
+__all__ = ["apply_elided_copies", "apply_plan"]
 
 
 def _private_get_attr(gm: fx.GraphModule, original: fx.Node, before: fx.Node) -> fx.Node:
@@ -47,6 +47,9 @@ def apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], *, tag_only: bool = 
         except KeyError:
             raise ValueError(f"plan {what} names node '{name}', which is not in the graph") from None
 
+    # First, so every name below refers to the graph the core planned.
+    for name in apply_elided_copies(gm, plan):
+        del by_name[name]
     for name, policy in plan.get("policies", {}).items():
         node_named(name, "policy").meta["recompute"] = CheckpointPolicy[policy]
     for name, graph_id in plan.get("graph_ids", {}).items():
@@ -110,6 +113,25 @@ def apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], *, tag_only: bool = 
     if recompile:
         gm.recompile()
     return gm
+
+
+def apply_elided_copies(gm: fx.GraphModule, plan: Mapping[str, Any]) -> list[str]:
+    """The plan's ``elided_copies`` (exact clones the core removed at load): every
+    reader of the copy reads its source, and the copy is erased. Returns the
+    erased names. ``apply_plan`` does this first; a caller that partitions with
+    PyTorch's partitioner instead (the backend's stock route) calls it alone."""
+    by_name = {node.name: node for node in gm.graph.nodes}
+    erased = []
+    for entry in plan.get("elided_copies", []):
+        copy, source = by_name.get(entry["node"]), by_name.get(entry["source"])
+        if copy is None or source is None:
+            missing = entry["node"] if copy is None else entry["source"]
+            raise ValueError(f"plan elides copy '{entry['node']}' of '{entry['source']}', but '{missing}' is not in "
+                             "the graph (was the plan made for another graph, or applied twice?)")
+        copy.replace_all_uses_with(source)
+        gm.graph.erase_node(copy)
+        erased.append(copy.name)
+    return erased
 
 
 def _replay_random_op(gm: fx.GraphModule, entry: Mapping[str, Any], node_named: Any,

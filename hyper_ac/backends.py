@@ -152,21 +152,27 @@ class _PartitionStep:
         result.report()
         if self.on_result is not None:
             self.on_result(result)
-        if not result.plan.get("duplicates") and not user_tagged:
+        # Exact copies the core elided are removed on every route (the stock
+        # partition included): what is left is the graph the core planned.
+        from hyper_ac.apply import apply_elided_copies
+
+        apply_elided_copies(joint, result.plan)
+        plan_json = {key: value for key, value in result.plan.items() if key != "elided_copies"}
+        if not plan_json.get("duplicates") and not user_tagged:
             # The plan changes nothing: the stock partition (which may recompute what it
             # fuses), but never of a value the core pins for correctness.
-            write_correctness_pins(joint, result.plan)
+            write_correctness_pins(joint, plan_json)
             return stock_partition(joint, joint_inputs, **kwargs)
         if self.tag_only:
-            apply_plan(joint, result.plan, tag_only=True)
+            apply_plan(joint, plan_json, tag_only=True)
             return stock_partition(joint, joint_inputs, **kwargs)
         if self.route == "tag":
-            write_decisions(joint, result.plan)
+            write_decisions(joint, plan_json)
             return stock_partition(joint, joint_inputs, **kwargs)
         from hyper_ac.partition import partition_joint
 
         # The partition builds fresh modules from the graph: no need to regenerate the joint's code.
-        apply_plan(joint, result.plan, recompile=False)
+        apply_plan(joint, plan_json, recompile=False)
         return partition_joint(joint, joint_inputs, **kwargs)
 
 

@@ -233,6 +233,31 @@ def rng_state_bytes(node: fx.Node) -> int:
     return _STATE_BYTES.get(kind, 0)
 
 
+_COPY_TARGETS = frozenset({"aten::clone"})
+
+
+def is_exact_copy(node: fx.Node) -> bool:
+    """``node`` returns its one tensor input bit for bit in the same layout (a clone
+    whose output has the input's dtype, device, shape and strides, all static), so
+    a reader of the copy may read the input instead (the core decides: ``copy``
+    in docs/graph-format.md)."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or target.name() not in _COPY_TARGETS:
+        return False
+    inputs = node.all_input_nodes
+    if len(inputs) != 1 or node.args[:1] != (inputs[0],):
+        return False
+    out, src = node.meta.get("val"), inputs[0].meta.get("val")
+    if not isinstance(out, torch.Tensor) or not isinstance(src, torch.Tensor):
+        return False
+    if out.dtype != src.dtype or out.device != src.device or out.layout != torch.strided or src.layout != torch.strided:
+        return False
+    dims = (*out.shape, *out.stride(), *src.shape, *src.stride())
+    if any(isinstance(d, _PY_SYM_TYPES) for d in dims):
+        return False
+    return tuple(out.shape) == tuple(src.shape) and tuple(out.stride()) == tuple(src.stride())
+
+
 def _arg_value(node: fx.Node, facts: OpFacts, i: int) -> Any:
     if i < len(node.args):
         return node.args[i]

@@ -34,7 +34,8 @@ import torch.nn as nn
 
 from hyper_ac import _core
 from hyper_ac.annotate import phase_of
-from hyper_ac.op_facts import _PY_SYM_TYPES, _flops, _output_facts, _positions, op_facts, rng_state_bytes, target_name
+from hyper_ac.op_facts import (_PY_SYM_TYPES, _flops, _output_facts, _positions, is_exact_copy, op_facts, rng_state_bytes,
+                               target_name)
 
 __all__ = [
     "FORMAT",
@@ -264,6 +265,8 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
                 entry["collective"] = facts.collective
                 if facts.fusible:  # written only when true (docs/graph-format.md)
                     entry["fusible"] = True
+                if is_exact_copy(node):  # written only when true
+                    entry["copy"] = True
                 if facts.mutated or facts.aliased:
                     pos_of = {n: p for p, n in enumerate(inputs)}
                     entry["mutated_inputs"] = _positions(node, facts, facts.mutated, pos_of)

@@ -275,7 +275,7 @@ TensorFact parse_fact(const json& value, const std::string& where) {
 
 const std::unordered_set<std::string> kNodeKeys = {
     "id", "name", "kind", "target", "inputs", "phase", "outputs", "flops", "module_stack", "rng", "rng_state_bytes", "symint",
-    "collective", "view", "fusible", "subgraph", "mutated", "mutated_inputs", "stack", "aliased_inputs", "role", "policy", "ac_graph_id", "recomputed_from"};
+    "collective", "view", "fusible", "copy", "subgraph", "mutated", "mutated_inputs", "stack", "aliased_inputs", "role", "policy", "ac_graph_id", "recomputed_from"};
 
 std::string stack_key(const std::vector<ModuleFrame>& frames) {
   std::string key;
@@ -433,6 +433,7 @@ static LoadResult load_graph_dom(const std::string& json_text, const LoadOptions
     node.collective = get_bool(raw, "collective", where);
     node.view = get_bool(raw, "view", where);
     node.fusible = get_bool(raw, "fusible", where);
+    node.copy = get_bool(raw, "copy", where);
     node.subgraph = get_bool(raw, "subgraph", where);
     node.mutated = get_bool(raw, "mutated", where);
     node.mutated_inputs = get_positions(raw, "mutated_inputs", node.inputs.size(), where);
@@ -452,6 +453,8 @@ static LoadResult load_graph_dom(const std::string& json_text, const LoadOptions
 
     if (node.kind == NodeKind::Placeholder && !node.inputs.empty()) fail(where, "a placeholder cannot have inputs");
     if (node.mutated && node.kind != NodeKind::Placeholder) fail(where, "'mutated' is only meaningful on placeholders (use 'mutated_inputs' on the writing op)");
+    if (node.copy && (node.kind != NodeKind::CallFunction || node.inputs.size() != 1))
+      fail(where, "'copy' marks an exact copy of one input: only on a call_function node with exactly one input");
     graph.nodes.push_back(std::move(node));
   }
 
@@ -472,7 +475,7 @@ namespace {
 enum Key : int {
   kId, kName, kKind, kTarget, kInputs, kPhase, kOutputs, kFlops, kModuleStack, kRng, kSymint, kCollective,
   kView, kSubgraph, kMutated, kMutatedInputs, kStack, kAliasedInputs, kRole, kPolicy, kRecomputedFrom,
-  kFusible, kRngStateBytes, kAcGraphId,
+  kFusible, kRngStateBytes, kAcGraphId, kCopy,
   kNodeFieldCount,
   kBytes = kNodeFieldCount, kDtype, kShape, kFqn, kType, kFormat, kVersion, kModel, kNodes, kModuleStacks,
   kKnownKeyCount,
@@ -485,7 +488,7 @@ Key key_of(const std::string& k) {
     case 2: return is("id") ? kId : kOther;
     case 3: return is("rng") ? kRng : is("fqn") ? kFqn : kOther;
     case 4:
-      return is("name") ? kName : is("kind") ? kKind : is("view") ? kView : is("role") ? kRole : is("type") ? kType : kOther;
+      return is("name") ? kName : is("kind") ? kKind : is("view") ? kView : is("role") ? kRole : is("type") ? kType : is("copy") ? kCopy : kOther;
     case 5: return is("phase") ? kPhase : is("flops") ? kFlops : is("stack") ? kStack : is("bytes") ? kBytes : is("dtype") ? kDtype : is("shape") ? kShape : is("model") ? kModel : is("nodes") ? kNodes : kOther;
     case 6: return is("target") ? kTarget : is("inputs") ? kInputs : is("symint") ? kSymint : is("policy") ? kPolicy : is("format") ? kFormat : kOther;
     case 7: return is("outputs") ? kOutputs : is("mutated") ? kMutated : is("version") ? kVersion : is("fusible") ? kFusible : kOther;
@@ -928,11 +931,11 @@ class StreamLoader {
         stack_ref_ = int_;
         stack_given_ = true;
         return;
-      case kRng: case kSymint: case kCollective: case kView: case kSubgraph: case kMutated: case kFusible: {
+      case kRng: case kSymint: case kCollective: case kView: case kSubgraph: case kMutated: case kFusible: case kCopy: {
         if (type != Scalar::Bool) return fault();
         bool* flag = key == kRng ? &node_.rng : key == kSymint ? &node_.symint : key == kCollective ? &node_.collective
                    : key == kView ? &node_.view : key == kSubgraph ? &node_.subgraph
-                   : key == kFusible ? &node_.fusible : &node_.mutated;
+                   : key == kFusible ? &node_.fusible : key == kCopy ? &node_.copy : &node_.mutated;
         *flag = bool_;
         return;
       }
@@ -1040,6 +1043,7 @@ class StreamLoader {
     if (!positions(mutated_, node_.mutated_inputs) || !positions(aliased_, node_.aliased_inputs)) return fault();
     if (node_.kind == NodeKind::Placeholder && !node_.inputs.empty()) return fault();
     if (node_.mutated && node_.kind != NodeKind::Placeholder) return fault();
+    if (node_.copy && (node_.kind != NodeKind::CallFunction || node_.inputs.size() != 1)) return fault();
     graph_.nodes.push_back(std::move(node_));
   }
 
@@ -1106,10 +1110,16 @@ LoadResult load_graph(const std::string& json_text, const LoadOptions& options) 
       result.graph.model = parse_model(loader.model());  // its own errors, named as in the reference loader
     }
   }
-  if (!valid) return load_graph_dom(json_text, options);
+  if (!valid) {
+    result = load_graph_dom(json_text, options);
+  } else {
+    result.graph.finalize();
+  }
   Graph& graph = result.graph;
-  graph.finalize();
+  if (options.elide_copies) graph.elided_copies = elide_copies(graph);
+  result.stats.elided_copies = graph.elided_copies.size();
   result.stats.nodes = graph.nodes.size();
+  result.stats.forward_nodes = result.stats.backward_nodes = 0;
   for (const auto& node : graph.nodes) (node.is_forward() ? result.stats.forward_nodes : result.stats.backward_nodes)++;
   result.stats.unique_stacks = graph.stacks.size();
   return result;
@@ -1143,6 +1153,7 @@ std::string graph_to_json(const Graph& graph) {
     raw["collective"] = node.collective;
     raw["view"] = node.view;
     if (node.fusible) raw["fusible"] = true;  // absent = false (keeps eager-era documents identical)
+    if (node.copy) raw["copy"] = true;
     raw["subgraph"] = node.subgraph;
     raw["mutated"] = node.mutated;
     raw["mutated_inputs"] = node.mutated_inputs;
@@ -1200,6 +1211,7 @@ std::string print_graph(const Graph& graph, const PrintOptions& options) {
     flag(node.symint, "symint");
     flag(node.collective, "collective");
     flag(node.view, "view");
+    flag(node.copy, "copy");
     flag(node.subgraph, "subgraph");
     flag(!node.mutated_inputs.empty(), "mutates");
     flag(node.mutated, "mutated");
@@ -1218,6 +1230,7 @@ GraphSummary summarize(const Graph& graph) {
   const auto roots = storage_roots(graph);
   std::vector<char> counted(graph.nodes.size(), 0);
   summary.nodes = graph.nodes.size();
+  summary.elided_copies = graph.elided_copies.size();
   for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
     const Node& node = graph.nodes[i];
     if (node.is_forward()) {
@@ -1256,6 +1269,8 @@ std::string format_summary(const GraphSummary& summary) {
   std::ostringstream out;
   out << "nodes: " << summary.nodes << " (forward " << summary.forward_nodes << ", backward "
       << summary.backward_nodes << ")\n";
+  if (summary.elided_copies)
+    out << "elided copies: " << summary.elided_copies << " (exact clones; readers read the source)\n";
   out << "placeholders: " << summary.placeholders << " (parameters " << summary.parameters << ")\n";
   out << "activations read by backward: " << summary.activations_read_by_backward << " ("
       << format_bytes(summary.activation_bytes_read_by_backward) << ")\n";

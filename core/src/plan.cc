@@ -386,6 +386,13 @@ std::string plan_to_json(const Graph& graph, const PlanResult& result, bool incl
   }
   document["saved"] = saved;
   if (!rng_replays.empty()) document["rng_replays"] = rng_replays;
+  // Copies the loader elided (alias.h): the FX graph gets the same rewrite
+  // before anything else. Rendered only when there are some.
+  if (!graph.elided_copies.empty()) {
+    json elided = json::array();
+    for (const auto& copy : graph.elided_copies) elided.push_back({{"node", copy.node}, {"source", copy.source}});
+    document["elided_copies"] = elided;
+  }
   json regions = json::array();
   for (std::size_t r = 0; r < result.scope.regions.size(); ++r)
     regions.push_back({{"fqn", result.scope.regions[r]},

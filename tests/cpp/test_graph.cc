@@ -278,3 +278,112 @@ TEST_CASE("streaming load: table after nodes, null optionals, ignored fact field
   big["nodes"][2]["flops"] = json::number_unsigned_t{18446744073709551615ull};
   CHECK(load_graph(big.dump()).graph.nodes[2].flops == Approx(1.8446744073709552e19));
 }
+
+// Exact copies (docs/graph-format.md, "Elided copies"): the dropout-with-p=0
+// clone of a decomposed attention, read by the forward and the backward.
+namespace {
+
+GraphBuilder attention_like(json copy_extra = {{"copy", true}}) {
+  GraphBuilder b;
+  b.placeholder("x").placeholder("v")
+      .op("probs", "aten._softmax.default", {"x"})
+      .op("clone", "aten.clone.default", {"probs"}, "", copy_extra)
+      .op("expand", "aten.expand.default", {"clone"}, "", {{"view", true}})
+      .op("out", "aten.bmm.default", {"expand", "v"})
+      .bwd("grad_v", "aten.bmm.default", {"expand", "out"})
+      .bwd("grad_x", "aten._softmax_backward_data.default", {"probs", "clone", "grad_v"})
+      .output({"out", "grad_x"});
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("an exact forward copy is elided at load: its readers read the source", "[graph][copy]") {
+  const GraphBuilder b = attention_like();
+  const LoadResult loaded = load_graph(b.text());
+  const Graph& g = loaded.graph;
+  CHECK(loaded.stats.elided_copies == 1);
+  CHECK(loaded.stats.nodes == 8);
+  REQUIRE(g.elided_copies.size() == 1);
+  CHECK(g.elided_copies[0].node == "clone");
+  CHECK(g.elided_copies[0].source == "probs");
+  std::map<std::string, std::int32_t> at;
+  for (std::size_t i = 0; i < g.nodes.size(); ++i) at[g.nodes[i].name] = static_cast<std::int32_t>(i);
+  CHECK(at.count("clone") == 0);
+  // The view of the copy is a view of the source now.
+  CHECK(g.nodes[static_cast<std::size_t>(at["expand"])].inputs == std::vector<std::int32_t>{at["probs"]});
+  // A reader of both lists the source once, and keeps its other inputs in order.
+  CHECK(g.nodes[static_cast<std::size_t>(at["grad_x"])].inputs == std::vector<std::int32_t>{at["probs"], at["grad_v"]});
+  const auto& users = g.users[static_cast<std::size_t>(at["probs"])];
+  CHECK(users == std::vector<std::int32_t>{at["expand"], at["grad_x"]});
+  // As written (the printer, round trips): nothing removed, the flag kept.
+  LoadOptions as_written;
+  as_written.elide_copies = false;
+  const Graph raw = load_graph(b.text(), as_written).graph;
+  CHECK(raw.nodes.size() == 9);
+  CHECK(raw.elided_copies.empty());
+  CHECK(raw.nodes[3].copy);
+  CHECK(load_graph(graph_to_json(raw), as_written).graph.nodes[3].copy);
+  CHECK(print_graph(raw).find("{copy}") != std::string::npos);
+  // What the backward reads shrinks by the copy's bytes (one storage, not two).
+  CHECK(summarize(g).activation_bytes_read_by_backward + 64 == summarize(raw).activation_bytes_read_by_backward);
+  CHECK(summarize(g).elided_copies == 1);
+  CHECK(format_summary(summarize(g)).find("elided copies: 1 ") != std::string::npos);
+}
+
+TEST_CASE("a copy that something could tell apart from its source is kept", "[graph][copy]") {
+  auto kept = [](const GraphBuilder& b) { return load_graph(b.text()).graph.elided_copies.empty(); };
+  SECTION("the source is written in place later") {
+    GraphBuilder b = attention_like();
+    b.op("relu_", "aten.relu_.default", {"probs"}, "", {{"mutated_inputs", {0}}, {"aliased_inputs", {0}}});
+    CHECK(kept(b));
+  }
+  SECTION("the copy is written in place (through a view)") {
+    GraphBuilder b = attention_like();
+    b.op("add_", "aten.add_.Tensor", {"expand"}, "", {{"mutated_inputs", {0}}, {"aliased_inputs", {0}}});
+    CHECK(kept(b));
+  }
+  SECTION("the copy is returned") {
+    GraphBuilder b;
+    b.placeholder("x").op("probs", "aten._softmax.default", {"x"})
+        .op("clone", "aten.clone.default", {"probs"}, "", {{"copy", true}})
+        .bwd("g", "aten.mul.Tensor", {"probs"})
+        .output({"clone", "g"});
+    CHECK(kept(b));
+  }
+  SECTION("the source is a placeholder the step writes") {
+    GraphBuilder b;
+    b.placeholder("buf").op("clone", "aten.clone.default", {"buf"}, "", {{"copy", true}})
+        .bwd("g", "aten.mul.Tensor", {"clone"}).output({"g"});
+    json doc = b.document();
+    doc["nodes"][0]["mutated"] = true;
+    CHECK(load_graph(doc.dump()).graph.elided_copies.empty());
+  }
+  SECTION("the user tagged the copy differently from its source") {
+    CHECK(kept(attention_like({{"copy", true}, {"policy", "MUST_SAVE"}})));
+  }
+  SECTION("not marked") {
+    CHECK(kept(attention_like(json::object())));
+  }
+}
+
+TEST_CASE("a chain of copies resolves to the first source", "[graph][copy]") {
+  GraphBuilder b;
+  b.placeholder("x").op("a", "aten.relu.default", {"x"})
+      .op("c1", "aten.clone.default", {"a"}, "", {{"copy", true}})
+      .op("c2", "aten.clone.default", {"c1"}, "", {{"copy", true}})
+      .bwd("g", "aten.mul.Tensor", {"c2", "c1"})
+      .output({"g"});
+  const Graph g = load_graph(b.text()).graph;
+  REQUIRE(g.elided_copies.size() == 2);
+  CHECK(g.elided_copies[1].node == "c2");
+  CHECK(g.elided_copies[1].source == "a");
+  CHECK(g.nodes[2].name == "g");
+  CHECK(g.nodes[2].inputs == std::vector<std::int32_t>{1});
+}
+
+TEST_CASE("'copy' is only accepted on a call_function with one input", "[graph][copy][errors]") {
+  GraphBuilder b;
+  b.placeholder("x").placeholder("y").op("c", "aten.clone.default", {"x", "y"}, "", {{"copy", true}}).output({"c"});
+  expect_error(b.document(), {"'c'", "'copy' marks an exact copy of one input"});
+}

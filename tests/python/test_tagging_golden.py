@@ -97,14 +97,20 @@ class Planned:
         return self.plan["reasons"].get(name, "")
 
     @property
+    def elided(self) -> set[str]:
+        """Exact copies the core elided at load (docs/graph-format.md): not in the graph it planned."""
+        return {entry["node"] for entry in self.plan.get("elided_copies", [])}
+
+    @property
     def nodes(self) -> dict[str, fx.Node]:
-        return {n.name: n for n in self.gm.graph.nodes}
+        return {n.name: n for n in self.gm.graph.nodes if n.name not in self.elided}
 
     def forward(self, under: str | None = None, target: str | None = None) -> list[fx.Node]:
-        """Forward call_function nodes whose innermost module is ``under`` or below it."""
+        """Forward call_function nodes (of the graph the core planned) whose innermost module is ``under`` or below it."""
         out = []
+        elided = self.elided
         for n in self.gm.graph.nodes:
-            if n.op != "call_function" or n.meta.get("autograd_backward"):
+            if n.op != "call_function" or n.meta.get("autograd_backward") or n.name in elided:
                 continue
             fqn = innermost(n)
             if under is not None and not (fqn == under or fqn.startswith(under + ".")):

@@ -30,4 +30,14 @@ bool is_view_like(const Node& node);
 // Values that share a root occupy memory once.
 std::vector<std::int32_t> storage_roots(const Graph& graph);
 
+// Removes every exact forward copy C = copy(S) (Node::copy) whose elision
+// cannot change a value, rewiring C's readers to S, and returns what it
+// removed (graph order; `finalize()` done). Eligible when nothing can tell C
+// and S apart afterwards: C runs in the forward with S as its one input; no
+// node writes the storage of C or of S (in-place ops, a written placeholder);
+// the output node does not read C (a returned tensor must not alias a saved
+// one); C carries the same checkpoint tag as S (a user's tag on the copy is
+// kept). Chains resolve to the first source.
+std::vector<ElidedCopy> elide_copies(Graph& graph);
+
 }  // namespace hyper_ac

@@ -61,6 +61,9 @@ struct Node {
   // Inductor fuses it with neighbouring fusible ops into one kernel (pointwise,
   // broadcast, reduction, view, factory, convert/clone; set by the serialiser).
   bool fusible = false;
+  // The output equals input 0 bit for bit: same dtype, shape and strides (a
+  // clone; set by the serialiser). load_graph elides such copies (elide_copies).
+  bool copy = false;
   bool subgraph = false;
   // A placeholder the step writes (an AOTAutograd input mutation: the new
   // value is a forward output, copied into the input after the forward), so a
@@ -97,10 +100,19 @@ struct ModelFacts {
   std::vector<ModuleFact> modules;   // named_modules(remove_duplicate=False) order, root excluded
 };
 
+// An exact copy load_graph removed: its readers read `source` instead.
+struct ElidedCopy {
+  std::string node;    // the copy's name (no longer in Graph::nodes)
+  std::string source;  // the name of the node it copied
+};
+
 struct Graph {
   std::vector<Node> nodes;                        // topological order
   std::vector<std::vector<ModuleFrame>> stacks;   // interned module stacks, innermost first
   ModelFacts model;
+  // Copies removed at load, in graph order; the plan lists them so the FX
+  // graph gets the same rewrite (plan-format.md, `elided_copies`).
+  std::vector<ElidedCopy> elided_copies;
 
   // Filled by load_graph / finalize(): users of each node, ascending order.
   std::vector<std::vector<std::int32_t>> users;
@@ -114,6 +126,11 @@ struct LoadOptions {
   // Reject graphs whose version differs from kGraphFormatVersion (always on;
   // kept as an option so tools may print a friendlier hint).
   bool strict_version = true;
+  // Remove exact forward copies (Node::copy) whose elision cannot change a
+  // value: their readers read the source. A decomposed graph clones where eager
+  // PyTorch aliases (dropout with p = 0 is a clone), and a saved or replayed
+  // clone holds a second copy of its source's bytes. Rule: alias.h.
+  bool elide_copies = true;
 };
 
 struct LoadStats {
@@ -121,6 +138,7 @@ struct LoadStats {
   std::size_t forward_nodes = 0;
   std::size_t backward_nodes = 0;
   std::size_t unique_stacks = 0;
+  std::size_t elided_copies = 0;
 };
 
 struct LoadResult {
@@ -155,6 +173,7 @@ struct GraphSummary {
   std::size_t activations_read_by_backward = 0;
   double forward_flops = 0.0;
   double backward_flops = 0.0;
+  std::size_t elided_copies = 0;  // exact copies removed at load (not in `nodes`)
 };
 
 GraphSummary summarize(const Graph& graph);

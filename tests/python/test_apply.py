@@ -1,0 +1,117 @@
+"""apply_plan on real models: elided copies (docs/graph-format.md, "Elided copies").
+
+A decomposed attention clones its probabilities (dropout with p = 0), where
+eager PyTorch aliases them; the core elides such exact copies at load and the
+plan tells apply to do the same to the FX graph. Checked against the
+uncheckpointed run (bitwise) and against eager per-layer checkpointing
+(measured peak), which never makes that copy.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
+
+import hyper_ac
+import hyper_ac.memory
+from hyper_ac import models
+
+
+class _Checkpointed(nn.Module):
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args, **kwargs):
+        return checkpoint(self.inner, *args, use_reentrant=False, **kwargs)
+
+
+def _step(model, batch):
+    out = model(**batch)
+    loss = out.loss if hasattr(out, "loss") else out
+    loss.backward()
+    return loss.detach()
+
+
+def _grads(model):
+    return {n.replace(".inner.", "."): p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _measured(model, batch, backend=None):
+    """(peak bytes of the second step, loss, gradients); compiled when ``backend`` is given."""
+    torch._dynamo.reset()
+    run = torch.compile(model, backend=backend, fullgraph=True) if backend is not None else model
+    _step(run, batch)  # compile and warm up
+    model.zero_grad(set_to_none=True)
+    with hyper_ac.memory.track() as tracked:
+        loss = _step(run, batch)
+    torch._dynamo.reset()
+    return tracked.peak_bytes, loss, _grads(model)
+
+
+@pytest.mark.parametrize("name", ["transformer", "gpt2"])
+def test_elided_copies_are_applied_and_gradients_stay_bitwise(name):
+    model = models.build(name, 2)
+    batch = models.example_batch(name, batch=2, seq=16)
+    reference = copy.deepcopy(model)
+    ref_loss = _step(reference, batch)
+    results: list = []
+    backend = hyper_ac.backend({"ac_mode": "full"}, model=model, on_result=results.append)
+    torch._dynamo.reset()
+    loss = _step(torch.compile(model, backend=backend, fullgraph=True), batch)
+    torch._dynamo.reset()
+    assert torch.equal(loss, ref_loss)
+    for n, p in reference.named_parameters():
+        assert torch.equal(model.get_parameter(n).grad, p.grad), n
+    # One dropout(p = 0) clone of the attention probabilities per layer.
+    elided = [e for r in results for e in r.plan.get("elided_copies", [])]
+    assert len(elided) >= 2, elided
+
+
+def test_apply_plan_erases_elided_copies_and_their_readers_read_the_source():
+    from hyper_ac.apply import apply_plan
+    from hyper_ac.capture import capture_joint
+
+    model = models.build("transformer", 2)
+    ids = models.example_batch("transformer", batch=2, seq=16)["input_ids"]
+    gm = capture_joint(model, ids, ids).graph_module
+    result = hyper_ac.plan(gm, {"ac_mode": "full"}, model)
+    # Per layer: the attention probabilities' and the feed-forward output's dropout (p = 0).
+    elided = result.plan.get("elided_copies", [])
+    assert len(elided) == 4, elided
+    by_name = {n.name: n for n in gm.graph.nodes}
+    readers = {e["node"]: {u.name for u in by_name[e["node"]].users} for e in elided}
+    for e in elided:
+        assert by_name[e["node"]].target is torch.ops.aten.clone.default
+    apply_plan(gm, result.plan)
+    by_name = {n.name: n for n in gm.graph.nodes}
+    for e in elided:
+        assert e["node"] not in by_name, f"{e['node']} is still in the rewritten graph"
+        source = by_name[e["source"]]
+        for reader in readers[e["node"]] & by_name.keys():
+            assert source in by_name[reader].all_input_nodes, f"{reader} does not read {e['source']}"
+    # Applying the same plan twice names what is missing.
+    with pytest.raises(ValueError, match="elides copy .* applied twice"):
+        apply_plan(gm, result.plan)
+
+
+@pytest.mark.skipif(not hyper_ac.memory.is_available(), reason="memory tracking extension not built")
+def test_full_peak_is_no_more_than_eager_per_layer_checkpointing():
+    """Issue 12: with the clone elided, a replayed layer holds what eager's replay holds."""
+    model = models.build("transformer", 3, dim=64, heads=4)
+    batch = models.example_batch("transformer", batch=4, seq=64)
+    wrapped = copy.deepcopy(model)
+    for i, layer in enumerate(wrapped.layers):
+        wrapped.layers[i] = _Checkpointed(layer)
+    eager_peak, eager_loss, eager_grads = _measured(wrapped, batch)
+    full = copy.deepcopy(model)
+    peak, loss, grads = _measured(full, batch, hyper_ac.backend({"ac_mode": "full"}, model=full))
+    assert torch.equal(loss, eager_loss)
+    assert grads.keys() == eager_grads.keys()
+    for n in grads:
+        assert torch.equal(grads[n], eager_grads[n]), n
+    assert peak <= eager_peak * 1.01, f"full {peak} B vs eager per-layer checkpoint {eager_peak} B"
