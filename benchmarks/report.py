@@ -166,7 +166,9 @@ def render_markdown(meta: dict, step_rows: list[dict], pareto: dict, scaling: li
                     "Joint run = the same (rewritten) joint graph executed node by node with the step's real inputs "
                     "under hyper_ac.memory's TrackingInterpreter — the schedule the simulator walks, so "
                     "simulated vs joint run is the simulator's own error and joint run vs step is what the real "
-                    "runtime adds. Diffs = (simulated − measured) / measured.", ""]
+                    "runtime adds. Diffs = (simulated − measured) / measured. `none` is stock: its simulated "
+                    "figure (a plan's `_before`) is of the graph the core plans, with exact copies elided "
+                    "(docs/graph-format.md), which stock keeps; the gap on `none` is those copies.", ""]
             header = ["model", "strategy", "measured step MiB", "joint run MiB", "simulated MiB",
                       "sim vs step %", "sim vs joint run %"]
 
