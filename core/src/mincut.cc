@@ -207,13 +207,12 @@ void Solver::classify() {
     const bool charged_input =
         options_.charge_inputs && node.kind == NodeKind::Placeholder && node.role == Role::Input && !node.symint;
     bool is_free = (node.kind != NodeKind::CallFunction && !charged_input) || (output_read[i] && !must_recompute);
-    const auto positions = alias_positions(node);
-    if (!is_free && !positions.empty()) {
+    if (!is_free && first_alias_position(node) >= 0) {
       bool all_free = true;
-      for (auto position : positions) {
+      for_each_alias_position(node, [&](std::int32_t position) {
         auto base = node.inputs[static_cast<std::size_t>(position)];
         if (forward_value(base) && !free_[static_cast<std::size_t>(base)]) all_free = false;
-      }
+      });
       is_free = all_free && !must_recompute;
     }
     if (is_free) {

@@ -1,12 +1,11 @@
 #include "hyper_ac/remat.h"
 
 #include <algorithm>
-#include <unordered_map>
-#include <unordered_set>
 
 #include "hyper_ac/alias.h"
 #include "hyper_ac/saturate.h"
 #include "hyper_ac/simulate.h"
+#include "schedule.h"
 
 namespace hyper_ac {
 
@@ -62,7 +61,7 @@ std::size_t pin_tuple_projections(const Graph& graph, std::vector<Policy>& polic
   std::size_t changed = 0;
   for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
     const Node& node = graph.nodes[i];
-    if (node.target != "operator.getitem" || node.inputs.empty() || !recomputable(graph, policies, i)) continue;
+    if (!is_getitem(node) || node.inputs.empty() || !recomputable(graph, policies, i)) continue;
     auto producer = static_cast<std::size_t>(node.inputs.front());
     if (recomputable(graph, policies, producer)) continue;
     policies[i] = Policy::MustSave;
@@ -336,21 +335,33 @@ RematPlan plan_remat(const Graph& graph, const std::vector<Policy>& requested, c
   return plan;
 }
 
-std::vector<ScheduleStep> rewritten_schedule(const Graph& graph, const RematPlan& plan) {
+namespace detail {
+
+FlatSchedule flat_schedule(const Graph& graph, const RematPlan& plan) {
   const std::size_t n = graph.nodes.size();
-  std::vector<std::vector<std::int32_t>> dups_before(n);
+  // Duplicates by insertion point, as a CSR (list order within a point).
+  std::vector<std::int32_t> dup_start(n + 1, 0);
   for (std::size_t d = 0; d < plan.duplicates.size(); ++d) {
     const Duplicate& dup = plan.duplicates[d];
     if (dup.before < 0 || static_cast<std::size_t>(dup.before) >= n || dup.of < 0 || static_cast<std::size_t>(dup.of) >= n)
       throw PlanError("duplicate #" + std::to_string(d) + " names a node outside the graph");
-    dups_before[static_cast<std::size_t>(dup.before)].push_back(static_cast<std::int32_t>(d));
+    ++dup_start[static_cast<std::size_t>(dup.before) + 1];
+  }
+  for (std::size_t i = 0; i < n; ++i) dup_start[i + 1] += dup_start[i];
+  std::vector<std::int32_t> dups_before(plan.duplicates.size());
+  {
+    std::vector<std::int32_t> fill(dup_start.begin(), dup_start.end() - 1);
+    for (std::size_t d = 0; d < plan.duplicates.size(); ++d)
+      dups_before[static_cast<std::size_t>(fill[static_cast<std::size_t>(plan.duplicates[d].before)]++)] =
+          static_cast<std::int32_t>(d);
   }
   std::vector<char> erased(n, 0);
   for (auto e : plan.erase) {
     if (e < 0 || static_cast<std::size_t>(e) >= n) throw PlanError("erase names a node outside the graph");
     erased[static_cast<std::size_t>(e)] = 1;
   }
-  std::unordered_map<std::uint64_t, std::int32_t> redirected;  // (consumer, input) -> copy index, -1 = latest
+  // Redirects by consumer, as a CSR (list order within a consumer).
+  std::vector<std::int32_t> redirect_start(n + 1, 0);
   for (const auto& r : plan.redirects) {
     if (r.node < 0 || static_cast<std::size_t>(r.node) >= n || r.input < 0 || static_cast<std::size_t>(r.input) >= n)
       throw PlanError("a redirect names a node outside the graph");
@@ -358,40 +369,92 @@ std::vector<ScheduleStep> rewritten_schedule(const Graph& graph, const RematPlan
       throw PlanError("redirect of '" + graph.nodes[static_cast<std::size_t>(r.node)].name + "' names copy #" +
                       std::to_string(r.copy) + ", which is not a duplicate of '" +
                       graph.nodes[static_cast<std::size_t>(r.input)].name + "'");
-    redirected[(static_cast<std::uint64_t>(static_cast<std::uint32_t>(r.node)) << 32) | static_cast<std::uint32_t>(r.input)] = r.copy;
+    ++redirect_start[static_cast<std::size_t>(r.node) + 1];
   }
+  for (std::size_t i = 0; i < n; ++i) redirect_start[i + 1] += redirect_start[i];
+  std::vector<std::int32_t> redirects_of(plan.redirects.size());
+  {
+    std::vector<std::int32_t> fill(redirect_start.begin(), redirect_start.end() - 1);
+    for (std::size_t k = 0; k < plan.redirects.size(); ++k)
+      redirects_of[static_cast<std::size_t>(fill[static_cast<std::size_t>(plan.redirects[k].node)]++)] =
+          static_cast<std::int32_t>(k);
+  }
+  // Per consumer i: redirect_mark[x] == i when (i, x) is redirected, to copy
+  // redirect_copy[x] (the last redirect listed for the pair wins).
+  std::vector<std::int32_t> redirect_mark(n, -1), redirect_copy(n, -1);
   std::vector<std::int32_t> copy_step(plan.duplicates.size(), -1);
-
   std::vector<std::int32_t> original_step(n, -1), duplicate_step(n, -1);
-  std::vector<ScheduleStep> schedule;
-  schedule.reserve(n + plan.duplicates.size());
+
+  FlatSchedule schedule;
+  const std::size_t steps = n + plan.duplicates.size();
+  schedule.node.reserve(steps);
+  schedule.duplicate.reserve(steps);
+  schedule.start.reserve(steps + 1);
+  schedule.start.push_back(0);
   for (std::size_t i = 0; i < n; ++i) {
-    for (auto d : dups_before[i]) {
+    for (auto k = dup_start[i]; k < dup_start[i + 1]; ++k) {
+      const auto d = dups_before[static_cast<std::size_t>(k)];
       const Duplicate& dup = plan.duplicates[static_cast<std::size_t>(d)];
-      ScheduleStep step;
-      step.node = dup.of;
-      step.duplicate = true;
       for (auto input : graph.nodes[static_cast<std::size_t>(dup.of)].inputs) {
         auto x = static_cast<std::size_t>(input);
-        step.inputs.push_back(duplicate_step[x] >= 0 ? duplicate_step[x] : original_step[x]);
+        schedule.inputs.push_back(duplicate_step[x] >= 0 ? duplicate_step[x] : original_step[x]);
       }
-      duplicate_step[static_cast<std::size_t>(dup.of)] = static_cast<std::int32_t>(schedule.size());
-      copy_step[static_cast<std::size_t>(d)] = static_cast<std::int32_t>(schedule.size());
-      schedule.push_back(std::move(step));
+      const auto here = static_cast<std::int32_t>(schedule.node.size());
+      duplicate_step[static_cast<std::size_t>(dup.of)] = here;
+      copy_step[static_cast<std::size_t>(d)] = here;
+      schedule.node.push_back(dup.of);
+      schedule.duplicate.push_back(1);
+      schedule.start.push_back(static_cast<std::int32_t>(schedule.inputs.size()));
     }
     if (erased[i]) continue;
-    ScheduleStep step;
-    step.node = static_cast<std::int32_t>(i);
+    for (auto k = redirect_start[i]; k < redirect_start[i + 1]; ++k) {
+      const Redirect& r = plan.redirects[static_cast<std::size_t>(redirects_of[static_cast<std::size_t>(k)])];
+      redirect_mark[static_cast<std::size_t>(r.input)] = static_cast<std::int32_t>(i);
+      redirect_copy[static_cast<std::size_t>(r.input)] = r.copy;
+    }
     for (auto input : graph.nodes[i].inputs) {
       auto x = static_cast<std::size_t>(input);
-      auto via = redirected.find((static_cast<std::uint64_t>(i) << 32) | static_cast<std::uint32_t>(input));
-      if (via == redirected.end())
-        step.inputs.push_back(original_step[x]);
+      if (redirect_mark[x] != static_cast<std::int32_t>(i))
+        schedule.inputs.push_back(original_step[x]);
       else
-        step.inputs.push_back(via->second >= 0 ? copy_step[static_cast<std::size_t>(via->second)] : duplicate_step[x]);
+        schedule.inputs.push_back(redirect_copy[x] >= 0 ? copy_step[static_cast<std::size_t>(redirect_copy[x])]
+                                                        : duplicate_step[x]);
     }
-    original_step[i] = static_cast<std::int32_t>(schedule.size());
-    schedule.push_back(std::move(step));
+    original_step[i] = static_cast<std::int32_t>(schedule.node.size());
+    schedule.node.push_back(static_cast<std::int32_t>(i));
+    schedule.duplicate.push_back(0);
+    schedule.start.push_back(static_cast<std::int32_t>(schedule.inputs.size()));
+  }
+  return schedule;
+}
+
+FlatSchedule original_flat_schedule(const Graph& graph) {
+  const std::size_t n = graph.nodes.size();
+  FlatSchedule schedule;
+  schedule.node.resize(n);
+  schedule.duplicate.assign(n, 0);
+  schedule.start.resize(n + 1);
+  schedule.start[0] = 0;
+  std::size_t edges = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    schedule.node[i] = static_cast<std::int32_t>(i);
+    edges += graph.nodes[i].inputs.size();
+    schedule.start[i + 1] = static_cast<std::int32_t>(edges);
+  }
+  schedule.inputs.reserve(edges);
+  for (const auto& node : graph.nodes) schedule.inputs.insert(schedule.inputs.end(), node.inputs.begin(), node.inputs.end());
+  return schedule;
+}
+
+}  // namespace detail
+
+std::vector<ScheduleStep> rewritten_schedule(const Graph& graph, const RematPlan& plan) {
+  const detail::FlatSchedule flat = detail::flat_schedule(graph, plan);
+  std::vector<ScheduleStep> schedule(flat.size());
+  for (std::size_t s = 0; s < flat.size(); ++s) {
+    schedule[s].node = flat.node[s];
+    schedule[s].duplicate = flat.duplicate[s] != 0;
+    schedule[s].inputs.assign(flat.inputs.begin() + flat.start[s], flat.inputs.begin() + flat.start[s + 1]);
   }
   return schedule;
 }
@@ -399,13 +462,36 @@ std::vector<ScheduleStep> rewritten_schedule(const Graph& graph, const RematPlan
 void validate_plan(const Graph& graph, const RematPlan& plan) {
   const std::size_t n = graph.nodes.size();
   std::vector<char> has_dup(n, 0);
-  std::unordered_set<std::uint64_t> placed;
-  for (const auto& dup : plan.duplicates) {
-    if (dup.of < 0 || static_cast<std::size_t>(dup.of) >= n || dup.before < 0 || static_cast<std::size_t>(dup.before) >= n)
-      throw PlanError("a duplicate names a node outside the graph");
+  // repeated[d]: an earlier duplicate has the same (of, before). Found per
+  // insertion point (a counting sort keeps list order) with a stamp per `of`.
+  const std::size_t dups = plan.duplicates.size();
+  auto in_graph = [&](const Duplicate& dup) {
+    return dup.of >= 0 && static_cast<std::size_t>(dup.of) < n && dup.before >= 0 && static_cast<std::size_t>(dup.before) < n;
+  };
+  std::vector<char> repeated(dups, 0);
+  {
+    std::vector<std::int32_t> start(n + 1, 0);
+    for (const auto& dup : plan.duplicates)
+      if (in_graph(dup)) ++start[static_cast<std::size_t>(dup.before) + 1];
+    for (std::size_t i = 0; i < n; ++i) start[i + 1] += start[i];
+    std::vector<std::int32_t> by_before(static_cast<std::size_t>(start[n]));
+    for (std::size_t d = 0; d < dups; ++d)
+      if (in_graph(plan.duplicates[d]))
+        by_before[static_cast<std::size_t>(start[static_cast<std::size_t>(plan.duplicates[d].before)]++)] = static_cast<std::int32_t>(d);
+    std::vector<std::int32_t> stamp(n, -1);
+    for (auto d : by_before) {
+      const Duplicate& dup = plan.duplicates[static_cast<std::size_t>(d)];
+      auto& mark = stamp[static_cast<std::size_t>(dup.of)];
+      if (mark == dup.before) repeated[static_cast<std::size_t>(d)] = 1;
+      mark = dup.before;
+    }
+  }
+  for (std::size_t d = 0; d < dups; ++d) {
+    const Duplicate& dup = plan.duplicates[d];
+    if (!in_graph(dup)) throw PlanError("a duplicate names a node outside the graph");
     const Node& original = graph.nodes[static_cast<std::size_t>(dup.of)];
     const Node& before = graph.nodes[static_cast<std::size_t>(dup.before)];
-    if (!placed.insert((static_cast<std::uint64_t>(static_cast<std::uint32_t>(dup.of)) << 32) | static_cast<std::uint32_t>(dup.before)).second)
+    if (repeated[d])
       throw PlanError("node " + name_of(graph, dup.of) + " is duplicated twice before " + name_of(graph, dup.before));
     has_dup[static_cast<std::size_t>(dup.of)] = 1;
     if (!original.is_forward() || original.kind != NodeKind::CallFunction)
@@ -427,14 +513,15 @@ void validate_plan(const Graph& graph, const RematPlan& plan) {
     if (std::find(inputs.begin(), inputs.end(), r.input) == inputs.end())
       throw PlanError("redirect of " + name_of(graph, r.node) + " names " + name_of(graph, r.input) + ", which it does not read");
   }
-  auto schedule = rewritten_schedule(graph, plan);
+  const detail::FlatSchedule schedule = detail::flat_schedule(graph, plan);
   for (std::size_t s = 0; s < schedule.size(); ++s) {
-    const ScheduleStep& step = schedule[s];
-    const Node& node = graph.nodes[static_cast<std::size_t>(step.node)];
-    for (std::size_t k = 0; k < step.inputs.size(); ++k) {
-      if (step.inputs[k] >= 0 && static_cast<std::size_t>(step.inputs[k]) < s) continue;
-      std::string who = step.duplicate ? "the duplicate of " + name_of(graph, step.node) : name_of(graph, step.node);
-      throw PlanError(who + " reads " + name_of(graph, node.inputs[k]) + " before it is available in the rewritten graph");
+    const auto first = static_cast<std::size_t>(schedule.start[s]), last = static_cast<std::size_t>(schedule.start[s + 1]);
+    for (std::size_t k = first; k < last; ++k) {
+      if (schedule.inputs[k] >= 0 && static_cast<std::size_t>(schedule.inputs[k]) < s) continue;
+      const std::int32_t step_node = schedule.node[s];
+      const Node& node = graph.nodes[static_cast<std::size_t>(step_node)];
+      std::string who = schedule.duplicate[s] ? "the duplicate of " + name_of(graph, step_node) : name_of(graph, step_node);
+      throw PlanError(who + " reads " + name_of(graph, node.inputs[k - first]) + " before it is available in the rewritten graph");
     }
   }
 }
