@@ -21,10 +21,6 @@ bool recomputable(const Graph& graph, const std::vector<Policy>& policies, std::
 // forward outputs must come from the forward itself.
 bool backward_consumer(const Node& node) { return node.is_backward() && node.kind != NodeKind::Output; }
 
-bool is_activation(const Node& node) {
-  return node.is_forward() && node.kind == NodeKind::CallFunction;
-}
-
 std::string name_of(const Graph& graph, std::int32_t index) {
   if (index < 0 || static_cast<std::size_t>(index) >= graph.nodes.size()) return "#" + std::to_string(index);
   return "'" + graph.nodes[static_cast<std::size_t>(index)].name + "'";
@@ -84,21 +80,26 @@ struct Schedule {
 
 class ReplayScheduler {
  public:
-  ReplayScheduler(const Graph& graph, const std::vector<Policy>& policies, const std::vector<std::int32_t>& node_unit)
-      : graph_(graph), n_(graph.nodes.size()), recomputable_(n_, 0), unit_(node_unit) {
+  ReplayScheduler(const Graph& graph, const detail::NodeIndex& index, const std::vector<Policy>& policies,
+                  const std::vector<std::int32_t>& node_unit)
+      : graph_(graph), index_(index), n_(graph.nodes.size()), recomputable_(n_, 0), unit_(node_unit) {
     if (!unit_.empty() && unit_.size() != n_)
       throw std::invalid_argument("plan_remat: node_unit has " + std::to_string(unit_.size()) + " entries for " +
                                   std::to_string(n_) + " nodes");
-    for (std::size_t i = 0; i < n_; ++i) recomputable_[i] = recomputable(graph, policies, i) ? 1 : 0;
+    using Flag = detail::NodeIndex::Flag;
+    for (std::size_t i = 0; i < n_; ++i)  // recomputable(), off the index
+      recomputable_[i] = is_recompute(policies[i]) && index.forward(i) && index.has(i, Flag::kCallFunction) &&
+                                 !index.has(i, Flag::kRecomputedFrom)
+                             ? 1
+                             : 0;
     // Consumers and their segments.
     std::int32_t current = -2;
     for (std::size_t b = 0; b < n_; ++b) {
-      const Node& node = graph.nodes[b];
-      if (!backward_consumer(node)) continue;
+      if (!index.backward_consumer(b)) continue;
       std::int32_t first_unit = -1;
       bool reads = false;
-      for (auto input : node.inputs)
-        if (recomputable_[static_cast<std::size_t>(input)]) {
+      for (auto e = index.input_start[b]; e < index.input_start[b + 1]; ++e)
+        if (const auto input = index.inputs[static_cast<std::size_t>(e)]; recomputable_[static_cast<std::size_t>(input)]) {
           reads = true;
           if (first_unit < 0) first_unit = unit_of(input);
         }
@@ -158,7 +159,8 @@ class ReplayScheduler {
       std::vector<std::int32_t> made;
       for (std::size_t c = segment_start_[s]; c < segment_start_[s + 1]; ++c) {
         const std::int32_t b = consumers_[c];
-        for (auto input : graph_.nodes[static_cast<std::size_t>(b)].inputs) {
+        for (auto e = index_.input_start[static_cast<std::size_t>(b)]; e < index_.input_start[static_cast<std::size_t>(b) + 1]; ++e) {
+          const auto input = index_.inputs[static_cast<std::size_t>(e)];
           auto x = static_cast<std::size_t>(input);
           if (!recomputable_[x]) continue;
           stack.push_back(input);
@@ -171,7 +173,8 @@ class ReplayScheduler {
             segment_copy[v] = static_cast<std::int32_t>(pending.size());
             pending.push_back({static_cast<std::int32_t>(v), b});
             made.push_back(static_cast<std::int32_t>(v));
-            for (auto in : graph_.nodes[v].inputs) stack.push_back(in);
+            for (auto k = index_.input_start[v]; k < index_.input_start[v + 1]; ++k)
+              stack.push_back(index_.inputs[static_cast<std::size_t>(k)]);
           }
           reads.emplace_back(b, input);
           read_copy.push_back(copy_segment[x] == seg ? segment_copy[x] : kept_copy[x]);
@@ -214,6 +217,7 @@ class ReplayScheduler {
   std::int32_t unit_of(std::int32_t i) const { return unit_.empty() ? -1 : unit_[static_cast<std::size_t>(i)]; }
 
   const Graph& graph_;
+  const detail::NodeIndex& index_;
   std::size_t n_;
   std::vector<char> recomputable_;
   std::vector<std::int32_t> unit_;
@@ -226,6 +230,14 @@ class ReplayScheduler {
 }  // namespace
 
 RematPlan plan_remat(const Graph& graph, const std::vector<Policy>& requested, const RematOptions& options) {
+  if (requested.size() != graph.nodes.size())
+    throw std::invalid_argument("plan_remat: " + std::to_string(requested.size()) + " policies for " +
+                                std::to_string(graph.nodes.size()) + " nodes");
+  return detail::plan_remat(graph, detail::NodeIndex(graph), requested, options);
+}
+
+RematPlan detail::plan_remat(const Graph& graph, const NodeIndex& index, const std::vector<Policy>& requested,
+                             const RematOptions& options) {
   const std::size_t n = graph.nodes.size();
   if (requested.size() != n)
     throw std::invalid_argument("plan_remat: " + std::to_string(requested.size()) + " policies for " + std::to_string(n) +
@@ -235,7 +247,7 @@ RematPlan plan_remat(const Graph& graph, const std::vector<Policy>& requested, c
   plan.stats.pinned_projections = pin_tuple_projections(graph, plan.policies);
   const std::vector<Policy>& policies = plan.policies;
 
-  const ReplayScheduler scheduler(graph, policies, options.node_unit);
+  const ReplayScheduler scheduler(graph, index, policies, options.node_unit);
   const std::size_t owners = scheduler.owners().size();
   std::vector<std::vector<char>> choices;
   if (owners == 0) {
@@ -266,7 +278,7 @@ RematPlan plan_remat(const Graph& graph, const std::vector<Policy>& requested, c
       trial.duplicates = candidate.duplicates;
       trial.redirects = candidate.redirects;
       trial.erase = erasable(graph, trial);
-      const std::int64_t peak = simulate_memory(graph, &trial).peak_bytes;
+      const std::int64_t peak = detail::simulate_memory(graph, index, &trial, {}).peak_bytes;
       if (!have || peak < best_peak || (peak == best_peak && candidate.flops < best.flops)) {
         best = std::move(candidate);
         best_peak = peak;
@@ -289,33 +301,38 @@ RematPlan plan_remat(const Graph& graph, const std::vector<Policy>& requested, c
 
   // What the backward reads from the forward, before and after the rewrite.
   std::vector<char> saved_before(n, 0), saved_after(n, 0);
+  using Flag = NodeIndex::Flag;
+  // An activation: a forward call_function node.
+  auto activation = [&](std::size_t i) { return index.forward(i) && index.has(i, Flag::kCallFunction); };
   for (std::size_t b = 0; b < n; ++b) {
-    if (!backward_consumer(graph.nodes[b])) continue;
-    for (auto input : graph.nodes[b].inputs) {
-      auto x = static_cast<std::size_t>(input);
-      if (!graph.nodes[x].is_forward()) continue;
+    if (!index.backward_consumer(b)) continue;
+    for (auto e = index.input_start[b]; e < index.input_start[b + 1]; ++e) {
+      auto x = static_cast<std::size_t>(index.inputs[static_cast<std::size_t>(e)]);
+      if (!index.forward(x)) continue;
       saved_before[x] = 1;
       if (!duplicated[x]) saved_after[x] = 1;
     }
   }
-  for (const auto& dup : plan.duplicates)
-    for (auto input : graph.nodes[static_cast<std::size_t>(dup.of)].inputs) {
-      auto x = static_cast<std::size_t>(input);
-      if (graph.nodes[x].is_forward() && !duplicated[x]) saved_after[x] = 1;
+  for (const auto& dup : plan.duplicates) {
+    const auto of = static_cast<std::size_t>(dup.of);
+    for (auto e = index.input_start[of]; e < index.input_start[of + 1]; ++e) {
+      auto x = static_cast<std::size_t>(index.inputs[static_cast<std::size_t>(e)]);
+      if (index.forward(x) && !duplicated[x]) saved_after[x] = 1;
     }
+  }
   // Bytes by storage: a saved view keeps its base alive, and a base counts once.
-  const auto roots = storage_roots(graph);
+  const auto& roots = index.storage_root;
   std::vector<char> counted_before(n, 0), counted_after(n, 0);
   auto count = [&](std::size_t i, std::vector<char>& counted, std::size_t& values, std::int64_t& bytes) {
     ++values;
     auto root = static_cast<std::size_t>(roots[i]);
-    if (!is_activation(graph.nodes[root]) || counted[root]) return;
+    if (!activation(root) || counted[root]) return;
     counted[root] = 1;
-    bytes = add_bytes(bytes, graph.nodes[root].output_bytes());
+    bytes = add_bytes(bytes, index.output_bytes[root]);
   };
   for (std::size_t i = 0; i < n; ++i) {
     if (saved_after[i]) plan.saved.push_back(static_cast<std::int32_t>(i));
-    if (!is_activation(graph.nodes[i])) continue;
+    if (!activation(i)) continue;
     if (saved_before[i]) count(i, counted_before, plan.stats.saved_values_before, plan.stats.saved_bytes_before);
     if (saved_after[i]) count(i, counted_after, plan.stats.saved_values_after, plan.stats.saved_bytes_after);
   }
@@ -331,125 +348,12 @@ RematPlan plan_remat(const Graph& graph, const std::vector<Policy>& requested, c
     plan.stats.saved_bytes_after += node.rng_state_bytes;
   }
 
-  if (options.validate) validate_plan(graph, plan);
+  if (options.validate) detail::validate_plan(graph, index, plan);
   return plan;
 }
 
-namespace detail {
-
-FlatSchedule flat_schedule(const Graph& graph, const RematPlan& plan) {
-  const std::size_t n = graph.nodes.size();
-  // Duplicates by insertion point, as a CSR (list order within a point).
-  std::vector<std::int32_t> dup_start(n + 1, 0);
-  for (std::size_t d = 0; d < plan.duplicates.size(); ++d) {
-    const Duplicate& dup = plan.duplicates[d];
-    if (dup.before < 0 || static_cast<std::size_t>(dup.before) >= n || dup.of < 0 || static_cast<std::size_t>(dup.of) >= n)
-      throw PlanError("duplicate #" + std::to_string(d) + " names a node outside the graph");
-    ++dup_start[static_cast<std::size_t>(dup.before) + 1];
-  }
-  for (std::size_t i = 0; i < n; ++i) dup_start[i + 1] += dup_start[i];
-  std::vector<std::int32_t> dups_before(plan.duplicates.size());
-  {
-    std::vector<std::int32_t> fill(dup_start.begin(), dup_start.end() - 1);
-    for (std::size_t d = 0; d < plan.duplicates.size(); ++d)
-      dups_before[static_cast<std::size_t>(fill[static_cast<std::size_t>(plan.duplicates[d].before)]++)] =
-          static_cast<std::int32_t>(d);
-  }
-  std::vector<char> erased(n, 0);
-  for (auto e : plan.erase) {
-    if (e < 0 || static_cast<std::size_t>(e) >= n) throw PlanError("erase names a node outside the graph");
-    erased[static_cast<std::size_t>(e)] = 1;
-  }
-  // Redirects by consumer, as a CSR (list order within a consumer).
-  std::vector<std::int32_t> redirect_start(n + 1, 0);
-  for (const auto& r : plan.redirects) {
-    if (r.node < 0 || static_cast<std::size_t>(r.node) >= n || r.input < 0 || static_cast<std::size_t>(r.input) >= n)
-      throw PlanError("a redirect names a node outside the graph");
-    if (r.copy >= 0 && (static_cast<std::size_t>(r.copy) >= plan.duplicates.size() || plan.duplicates[static_cast<std::size_t>(r.copy)].of != r.input))
-      throw PlanError("redirect of '" + graph.nodes[static_cast<std::size_t>(r.node)].name + "' names copy #" +
-                      std::to_string(r.copy) + ", which is not a duplicate of '" +
-                      graph.nodes[static_cast<std::size_t>(r.input)].name + "'");
-    ++redirect_start[static_cast<std::size_t>(r.node) + 1];
-  }
-  for (std::size_t i = 0; i < n; ++i) redirect_start[i + 1] += redirect_start[i];
-  std::vector<std::int32_t> redirects_of(plan.redirects.size());
-  {
-    std::vector<std::int32_t> fill(redirect_start.begin(), redirect_start.end() - 1);
-    for (std::size_t k = 0; k < plan.redirects.size(); ++k)
-      redirects_of[static_cast<std::size_t>(fill[static_cast<std::size_t>(plan.redirects[k].node)]++)] =
-          static_cast<std::int32_t>(k);
-  }
-  // Per consumer i: redirect_mark[x] == i when (i, x) is redirected, to copy
-  // redirect_copy[x] (the last redirect listed for the pair wins).
-  std::vector<std::int32_t> redirect_mark(n, -1), redirect_copy(n, -1);
-  std::vector<std::int32_t> copy_step(plan.duplicates.size(), -1);
-  std::vector<std::int32_t> original_step(n, -1), duplicate_step(n, -1);
-
-  FlatSchedule schedule;
-  const std::size_t steps = n + plan.duplicates.size();
-  schedule.node.reserve(steps);
-  schedule.duplicate.reserve(steps);
-  schedule.start.reserve(steps + 1);
-  schedule.start.push_back(0);
-  for (std::size_t i = 0; i < n; ++i) {
-    for (auto k = dup_start[i]; k < dup_start[i + 1]; ++k) {
-      const auto d = dups_before[static_cast<std::size_t>(k)];
-      const Duplicate& dup = plan.duplicates[static_cast<std::size_t>(d)];
-      for (auto input : graph.nodes[static_cast<std::size_t>(dup.of)].inputs) {
-        auto x = static_cast<std::size_t>(input);
-        schedule.inputs.push_back(duplicate_step[x] >= 0 ? duplicate_step[x] : original_step[x]);
-      }
-      const auto here = static_cast<std::int32_t>(schedule.node.size());
-      duplicate_step[static_cast<std::size_t>(dup.of)] = here;
-      copy_step[static_cast<std::size_t>(d)] = here;
-      schedule.node.push_back(dup.of);
-      schedule.duplicate.push_back(1);
-      schedule.start.push_back(static_cast<std::int32_t>(schedule.inputs.size()));
-    }
-    if (erased[i]) continue;
-    for (auto k = redirect_start[i]; k < redirect_start[i + 1]; ++k) {
-      const Redirect& r = plan.redirects[static_cast<std::size_t>(redirects_of[static_cast<std::size_t>(k)])];
-      redirect_mark[static_cast<std::size_t>(r.input)] = static_cast<std::int32_t>(i);
-      redirect_copy[static_cast<std::size_t>(r.input)] = r.copy;
-    }
-    for (auto input : graph.nodes[i].inputs) {
-      auto x = static_cast<std::size_t>(input);
-      if (redirect_mark[x] != static_cast<std::int32_t>(i))
-        schedule.inputs.push_back(original_step[x]);
-      else
-        schedule.inputs.push_back(redirect_copy[x] >= 0 ? copy_step[static_cast<std::size_t>(redirect_copy[x])]
-                                                        : duplicate_step[x]);
-    }
-    original_step[i] = static_cast<std::int32_t>(schedule.node.size());
-    schedule.node.push_back(static_cast<std::int32_t>(i));
-    schedule.duplicate.push_back(0);
-    schedule.start.push_back(static_cast<std::int32_t>(schedule.inputs.size()));
-  }
-  return schedule;
-}
-
-FlatSchedule original_flat_schedule(const Graph& graph) {
-  const std::size_t n = graph.nodes.size();
-  FlatSchedule schedule;
-  schedule.node.resize(n);
-  schedule.duplicate.assign(n, 0);
-  schedule.start.resize(n + 1);
-  schedule.start[0] = 0;
-  std::size_t edges = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    schedule.node[i] = static_cast<std::int32_t>(i);
-    edges += graph.nodes[i].inputs.size();
-    schedule.start[i + 1] = static_cast<std::int32_t>(edges);
-  }
-  schedule.inputs.reserve(edges);
-  for (const auto& node : graph.nodes) schedule.inputs.insert(schedule.inputs.end(), node.inputs.begin(), node.inputs.end());
-  return schedule;
-}
-
-}  // namespace detail
-
 std::vector<ScheduleStep> rewritten_schedule(const Graph& graph, const RematPlan& plan) {
-  const detail::FlatSchedule flat = detail::flat_schedule(graph, plan);
+  const detail::FlatSchedule flat = detail::flat_schedule(graph, detail::NodeIndex(graph), plan);
   std::vector<ScheduleStep> schedule(flat.size());
   for (std::size_t s = 0; s < flat.size(); ++s) {
     schedule[s].node = flat.node[s];
@@ -459,7 +363,9 @@ std::vector<ScheduleStep> rewritten_schedule(const Graph& graph, const RematPlan
   return schedule;
 }
 
-void validate_plan(const Graph& graph, const RematPlan& plan) {
+void validate_plan(const Graph& graph, const RematPlan& plan) { detail::validate_plan(graph, detail::NodeIndex(graph), plan); }
+
+void detail::validate_plan(const Graph& graph, const NodeIndex& index, const RematPlan& plan) {
   const std::size_t n = graph.nodes.size();
   std::vector<char> has_dup(n, 0);
   // repeated[d]: an earlier duplicate has the same (of, before). Found per
@@ -513,7 +419,7 @@ void validate_plan(const Graph& graph, const RematPlan& plan) {
     if (std::find(inputs.begin(), inputs.end(), r.input) == inputs.end())
       throw PlanError("redirect of " + name_of(graph, r.node) + " names " + name_of(graph, r.input) + ", which it does not read");
   }
-  const detail::FlatSchedule schedule = detail::flat_schedule(graph, plan);
+  const detail::FlatSchedule schedule = detail::flat_schedule(graph, index, plan);
   for (std::size_t s = 0; s < schedule.size(); ++s) {
     const auto first = static_cast<std::size_t>(schedule.start[s]), last = static_cast<std::size_t>(schedule.start[s + 1]);
     for (std::size_t k = first; k < last; ++k) {

@@ -1,6 +1,9 @@
-// Internal to the core: the rewritten step as flat arrays (one allocation per
-// array, not one per step), shared by the remat planner's validation and the
-// memory simulator. remat.h's rewritten_schedule is the public form of it.
+// Internal to the core: compact per-node facts of a graph (one pass over the
+// nodes, flat arrays) and the rewritten step as flat arrays, shared by the
+// remat planner, its validation and the memory simulator. plan() builds the
+// index once and every evaluation (each frontier point) reads it, instead of
+// walking the scattered Node structs again. remat.h's rewritten_schedule is
+// the public form of the schedule.
 #pragma once
 
 #include <cstdint>
@@ -8,9 +11,38 @@
 
 #include "hyper_ac/graph.h"
 #include "hyper_ac/remat.h"
+#include "hyper_ac/simulate.h"
 
 namespace hyper_ac {
 namespace detail {
+
+struct NodeIndex {
+  explicit NodeIndex(const Graph& graph);
+
+  enum Flag : std::uint8_t {
+    kForward = 1,         // Node::is_forward()
+    kCallFunction = 2,    // NodeKind::CallFunction
+    kOutput = 4,          // NodeKind::Output
+    kResident = 8,        // a placeholder or get_attr (simulate.h: resident)
+    kProjects = 16,       // a getitem taking one element of an allocating multi-output producer
+    kMultiAlias = 32,     // more than one alias position (alias.h): read them off the node
+    kRng = 64,            // Node::rng
+    kRecomputedFrom = 128 // a duplicate made by an earlier pass (Node::recomputed_from non-empty)
+  };
+
+  std::size_t size() const { return flags.size(); }
+  bool has(std::size_t i, Flag flag) const { return (flags[i] & flag) != 0; }
+  bool forward(std::size_t i) const { return has(i, kForward); }
+  // A backward node other than the output (remat.cc: backward_consumer).
+  bool backward_consumer(std::size_t i) const { return !has(i, kForward) && !has(i, kOutput); }
+
+  std::vector<std::uint8_t> flags;
+  std::vector<std::int32_t> input_start;  // per node + 1: offsets into `inputs`
+  std::vector<std::int32_t> inputs;       // Node::inputs, concatenated
+  std::vector<std::int64_t> output_bytes; // Node::output_bytes()
+  std::vector<std::int32_t> alias_first;  // alias.h first_alias_position; -1 = allocates its own storage
+  std::vector<std::int32_t> storage_root; // alias.h storage_roots
+};
 
 struct FlatSchedule {
   std::vector<std::int32_t> node;       // per step: the graph node it runs (a duplicate: its original)
@@ -21,10 +53,17 @@ struct FlatSchedule {
 };
 
 // As rewritten_schedule (same steps, same inputs, same PlanError messages).
-FlatSchedule flat_schedule(const Graph& graph, const RematPlan& plan);
+FlatSchedule flat_schedule(const Graph& graph, const NodeIndex& index, const RematPlan& plan);
 
 // The original graph in node order: step i runs node i and reads its inputs.
-FlatSchedule original_flat_schedule(const Graph& graph);
+FlatSchedule original_flat_schedule(const NodeIndex& index);
+
+// The public entry points with a prebuilt index (remat.h, simulate.h).
+RematPlan plan_remat(const Graph& graph, const NodeIndex& index, const std::vector<Policy>& policies,
+                     const RematOptions& options);
+void validate_plan(const Graph& graph, const NodeIndex& index, const RematPlan& plan);
+SimulateResult simulate_memory(const Graph& graph, const NodeIndex& index, const RematPlan* plan,
+                               const SimulateOptions& options);
 
 }  // namespace detail
 }  // namespace hyper_ac

@@ -40,17 +40,6 @@ class UnionFind {
   std::vector<std::int32_t> parent_;
 };
 
-bool is_resident(const Node& node) { return node.kind == NodeKind::Placeholder || node.kind == NodeKind::GetAttr; }
-
-// A getitem of a producer that allocates several outputs. Not for split /
-// chunk / unbind and other multi-output views: their elements share the
-// input's storage and stay united with it.
-bool projects_element(const Graph& graph, const Node& node) {
-  if (node.kind != NodeKind::CallFunction || node.inputs.empty() || !is_getitem(node)) return false;
-  const Node& producer = graph.nodes[static_cast<std::size_t>(node.inputs.front())];
-  return producer.outputs.size() > 1 && first_alias_position(producer) < 0;
-}
-
 std::string step_name(const Graph& graph, const detail::FlatSchedule& schedule, std::size_t index) {
   std::string name = "step " + std::to_string(index);
   const std::int32_t node = schedule.node[index];
@@ -62,7 +51,13 @@ std::string step_name(const Graph& graph, const detail::FlatSchedule& schedule, 
 }  // namespace
 
 SimulateResult simulate_memory(const Graph& graph, const RematPlan* plan, const SimulateOptions& options) {
-  const detail::FlatSchedule schedule = plan ? detail::flat_schedule(graph, *plan) : detail::original_flat_schedule(graph);
+  return detail::simulate_memory(graph, detail::NodeIndex(graph), plan, options);
+}
+
+SimulateResult detail::simulate_memory(const Graph& graph, const NodeIndex& index, const RematPlan* plan,
+                                       const SimulateOptions& options) {
+  using Flag = NodeIndex::Flag;
+  const detail::FlatSchedule schedule = plan ? detail::flat_schedule(graph, index, *plan) : detail::original_flat_schedule(index);
   const std::size_t steps = schedule.size();
   const auto end_of_time = static_cast<std::int32_t>(steps);
   SimulateResult result;
@@ -82,39 +77,47 @@ SimulateResult simulate_memory(const Graph& graph, const RematPlan* plan, const 
     const auto input_count = static_cast<std::size_t>(schedule.start[s + 1] - schedule.start[s]);
     if (step_node < 0 || static_cast<std::size_t>(step_node) >= graph.nodes.size())
       throw std::invalid_argument("simulate_memory: " + step_name(graph, schedule, s) + " names no graph node");
-    const Node& node = graph.nodes[static_cast<std::size_t>(step_node)];
-    if (input_count != node.inputs.size())
+    const auto i = static_cast<std::size_t>(step_node);
+    const auto node_inputs = static_cast<std::size_t>(index.input_start[i + 1] - index.input_start[i]);
+    if (input_count != node_inputs)
       throw std::invalid_argument("simulate_memory: " + step_name(graph, schedule, s) + " has " +
-                                  std::to_string(input_count) + " inputs, node has " +
-                                  std::to_string(node.inputs.size()));
+                                  std::to_string(input_count) + " inputs, node has " + std::to_string(node_inputs));
     for (std::size_t k = 0; k < input_count; ++k)
       if (step_inputs[k] < 0 || static_cast<std::size_t>(step_inputs[k]) >= s)
         throw std::invalid_argument("simulate_memory: " + step_name(graph, schedule, s) + " reads '" +
-                                    graph.nodes[static_cast<std::size_t>(node.inputs[k])].name +
+                                    graph.nodes[static_cast<std::size_t>(graph.nodes[i].inputs[k])].name +
                                     "' before any step computes it");
     if (duplicate) ++result.stats.duplicate_steps;
-    if (node.is_forward() && !duplicate && node.kind != NodeKind::Output) last_forward = static_cast<std::int32_t>(s);
-    if (is_resident(node)) {
+    if (index.forward(i) && !duplicate && !index.has(i, Flag::kOutput)) last_forward = static_cast<std::int32_t>(s);
+    if (index.has(i, Flag::kResident)) {
       resident[s] = 1;
-      resident_total += node.output_bytes();
+      resident_total += index.output_bytes[i];
       ++result.stats.resident_values;
       continue;
     }
-    if (node.kind == NodeKind::Output) continue;
-    if (projects_element(graph, node)) {
-      // One element of a multi-output producer: it takes that element's bytes
-      // over from the producer's storage (pass 3) and is freed on its own, as
-      // the allocator frees each tensor of a tuple separately.
-      transfer[s] = node.output_bytes();
+    if (index.has(i, Flag::kOutput)) continue;
+    if (index.has(i, Flag::kProjects)) {
+      // One element of a multi-output producer (a getitem of a producer that
+      // allocates several outputs; not split / chunk / unbind and other
+      // multi-output views, whose elements share the input's storage): it
+      // takes that element's bytes over from the producer's storage (pass 3)
+      // and is freed on its own, as the allocator frees each tensor of a tuple
+      // separately.
+      transfer[s] = index.output_bytes[i];
       ++result.stats.aliasing_steps;
       continue;
     }
-    if (first_alias_position(node) < 0) {
-      allocation[s] = node.output_bytes();
+    const std::int32_t first = index.alias_first[i];
+    if (first < 0) {
+      allocation[s] = index.output_bytes[i];
       continue;
     }
     ++result.stats.aliasing_steps;
-    for_each_alias_position(node, [&](std::int32_t p) {
+    if (!index.has(i, Flag::kMultiAlias)) {
+      storage.unite(static_cast<std::int32_t>(s), step_inputs[static_cast<std::size_t>(first)]);
+      continue;
+    }
+    for_each_alias_position(graph.nodes[i], [&](std::int32_t p) {
       storage.unite(static_cast<std::int32_t>(s), step_inputs[static_cast<std::size_t>(p)]);
     });
   }
@@ -127,7 +130,7 @@ SimulateResult simulate_memory(const Graph& graph, const RematPlan* plan, const 
     auto root = static_cast<std::size_t>(storage.find(here));
     if (resident[s]) root_resident[root] = 1;
     last_use[root] = std::max(last_use[root], here);
-    const bool is_output = graph.nodes[static_cast<std::size_t>(schedule.node[s])].kind == NodeKind::Output;
+    const bool is_output = index.has(static_cast<std::size_t>(schedule.node[s]), Flag::kOutput);
     for (auto k = schedule.start[s]; k < schedule.start[s + 1]; ++k) {
       auto r = static_cast<std::size_t>(storage.find(schedule.inputs[static_cast<std::size_t>(k)]));
       last_use[r] = std::max(last_use[r], is_output ? end_of_time : here);
