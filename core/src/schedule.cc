@@ -38,8 +38,11 @@ NodeIndex::NodeIndex(const Graph& graph) {
       for_each_alias_position(node, [&](std::int32_t) { ++count; });
       if (count > 1) f |= kMultiAlias;
     }
-    storage_root[i] = first < 0 ? static_cast<std::int32_t>(i)
-                                : storage_root[static_cast<std::size_t>(node.inputs[static_cast<std::size_t>(first)])];
+    // An input that is not an earlier node (a graph built by hand, not yet
+    // validated) keeps its own storage here; the stages report such graphs.
+    const std::int32_t base = first < 0 ? -1 : node.inputs[static_cast<std::size_t>(first)];
+    storage_root[i] = base >= 0 && static_cast<std::size_t>(base) < i ? storage_root[static_cast<std::size_t>(base)]
+                                                                      : static_cast<std::int32_t>(i);
     output_bytes[i] = node.output_bytes();
     flags[i] = f;
   }
