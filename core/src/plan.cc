@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <variant>
 
 #include <nlohmann/json.hpp>
@@ -87,8 +89,12 @@ RematOptions unit_schedule(const Scope& scope) {
 
 // evaluate() over a prebuilt node index: plan() builds it once for every
 // evaluation (each frontier point) and the memory estimate before them.
+// Per node, recompute_seconds (cost.h) once computed; NaN = not yet. Shared by
+// the evaluations of one plan (the frontier points replay mostly the same nodes).
+using SecondsCache = std::vector<double>;
+
 Evaluation evaluate_indexed(const Graph& graph, const detail::NodeIndex& index, const std::vector<Policy>& policies,
-                            const CostOptions& cost, const RematOptions& remat) {
+                            const CostOptions& cost, const RematOptions& remat, SecondsCache* seconds = nullptr) {
   Evaluation evaluation;
   auto stage = Clock::now();
   evaluation.remat = detail::plan_remat(graph, index, policies, remat);
@@ -99,10 +105,23 @@ Evaluation evaluate_indexed(const Graph& graph, const detail::NodeIndex& index, 
   evaluation.saved_bytes = evaluation.remat.stats.saved_bytes_after;
   evaluation.recompute_flops = evaluation.remat.stats.recompute_flops;
   evaluation.nodes_duplicated = evaluation.remat.duplicates.size();
-  std::vector<std::int32_t> replayed;
-  replayed.reserve(evaluation.remat.duplicates.size());
-  for (const auto& dup : evaluation.remat.duplicates) replayed.push_back(dup.of);
-  evaluation.recompute_seconds = recompute_seconds(graph, replayed, cost);
+  if (cost.compiler == Compiler::Eager && seconds != nullptr) {
+    // recompute_seconds(graph, replayed, cost) under eager: the sum of the
+    // duplicates' own times, in duplicate order.
+    if (seconds->size() != graph.nodes.size()) seconds->assign(graph.nodes.size(), std::numeric_limits<double>::quiet_NaN());
+    double total = 0.0;
+    for (const auto& dup : evaluation.remat.duplicates) {
+      double& own = (*seconds)[static_cast<std::size_t>(dup.of)];
+      if (std::isnan(own)) own = recompute_seconds(graph, dup.of, cost);
+      total = add_finite(total, own);
+    }
+    evaluation.recompute_seconds = total;
+  } else {
+    std::vector<std::int32_t> replayed;
+    replayed.reserve(evaluation.remat.duplicates.size());
+    for (const auto& dup : evaluation.remat.duplicates) replayed.push_back(dup.of);
+    evaluation.recompute_seconds = recompute_seconds(graph, replayed, cost);
+  }
   evaluation.simulated_peak_bytes = simulated.peak_bytes_with_resident;
   evaluation.simulated_activation_peak_bytes = simulated.peak_bytes;
   return evaluation;
@@ -132,8 +151,9 @@ Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& ind
   Evaluation chosen;
   bool met = false, any = false;
   const RematOptions schedule = unit_schedule(result.scope);  // one copy of the unit map for every point
+  SecondsCache seconds;
   for (const auto& point : frontier.points) {
-    Evaluation evaluation = evaluate_indexed(graph, index, point.policies, stages.cost, schedule);
+    Evaluation evaluation = evaluate_indexed(graph, index, point.policies, stages.cost, schedule, &seconds);
     evaluation.lambda = point.lambda;
     result.timings.remat_seconds += evaluation.remat_seconds + evaluation.simulate_seconds;
     if (evaluation.simulated_peak_bytes <= target) {
@@ -146,7 +166,7 @@ Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& ind
       any = true;
     }
   }
-  if (!any) chosen = evaluate_indexed(graph, index, result.tags.policies, stages.cost, schedule);
+  if (!any) chosen = evaluate_indexed(graph, index, result.tags.policies, stages.cost, schedule, &seconds);
   result.stats.budget_met = met;
   if (!met) {
     result.diagnostics.push_back(
@@ -297,8 +317,9 @@ std::vector<Evaluation> pareto(const Graph& graph, const PlanOptions& options) {
   std::vector<Evaluation> points;
   const RematOptions schedule = unit_schedule(scope);
   const detail::NodeIndex index(graph);
+  SecondsCache seconds;
   for (const auto& point : frontier.points) {
-    points.push_back(evaluate_indexed(graph, index, point.policies, stages.cost, schedule));
+    points.push_back(evaluate_indexed(graph, index, point.policies, stages.cost, schedule, &seconds));
     points.back().lambda = point.lambda;
   }
   return points;

@@ -66,6 +66,25 @@ std::size_t pin_tuple_projections(const Graph& graph, std::vector<Policy>& polic
   return changed;
 }
 
+std::size_t detail::pin_tuple_projections(const NodeIndex& index, std::vector<Policy>& policies) {
+  // As the public one, off the index: recomputable() is the policy plus a forward
+  // call_function node that is not a duplicate of an earlier pass.
+  auto recomputable_at = [&](std::size_t i) {
+    return is_recompute(policies[i]) && index.forward(i) && index.has(i, NodeIndex::kCallFunction) &&
+           !index.has(i, NodeIndex::kRecomputedFrom);
+  };
+  std::size_t changed = 0;
+  for (std::size_t i = 0; i < index.size(); ++i) {
+    if (!index.has(i, NodeIndex::kGetitem) || index.input_start[i] == index.input_start[i + 1] || !recomputable_at(i))
+      continue;
+    auto producer = static_cast<std::size_t>(index.inputs[static_cast<std::size_t>(index.input_start[i])]);
+    if (recomputable_at(producer)) continue;
+    policies[i] = Policy::MustSave;
+    ++changed;
+  }
+  return changed;
+}
+
 namespace {
 
 // One candidate replay schedule: the duplicates (schedule order) and, per
@@ -244,7 +263,7 @@ RematPlan detail::plan_remat(const Graph& graph, const NodeIndex& index, const s
                                 " nodes");
   RematPlan plan;
   plan.policies = requested;
-  plan.stats.pinned_projections = pin_tuple_projections(graph, plan.policies);
+  plan.stats.pinned_projections = detail::pin_tuple_projections(index, plan.policies);
   const std::vector<Policy>& policies = plan.policies;
 
   const ReplayScheduler scheduler(graph, index, policies, options.node_unit);

@@ -24,13 +24,14 @@ NodeIndex::NodeIndex(const Graph& graph) {
   for (std::size_t i = 0; i < n; ++i) {
     const Node& node = graph.nodes[i];
     inputs.insert(inputs.end(), node.inputs.begin(), node.inputs.end());
-    std::uint8_t f = 0;
+    std::uint16_t f = 0;
     if (node.is_forward()) f |= kForward;
     if (node.kind == NodeKind::CallFunction) f |= kCallFunction;
     if (node.kind == NodeKind::Output) f |= kOutput;
     if (node.kind == NodeKind::Placeholder || node.kind == NodeKind::GetAttr) f |= kResident;
     if (node.rng) f |= kRng;
     if (!node.recomputed_from.empty()) f |= kRecomputedFrom;
+    if (is_getitem(node)) f |= kGetitem;
     const std::int32_t first = first_alias_position(node);
     alias_first[i] = first;
     if (first >= 0) {
@@ -51,7 +52,7 @@ NodeIndex::NodeIndex(const Graph& graph) {
   // share the input's storage and stay united with it.
   for (std::size_t i = 0; i < n; ++i) {
     const Node& node = graph.nodes[i];
-    if (node.kind != NodeKind::CallFunction || node.inputs.empty() || !is_getitem(node)) continue;
+    if (node.kind != NodeKind::CallFunction || node.inputs.empty() || !(flags[i] & kGetitem)) continue;
     const auto producer = static_cast<std::size_t>(node.inputs.front());
     if (graph.nodes[producer].outputs.size() > 1 && alias_first[producer] < 0) flags[i] |= kProjects;
   }

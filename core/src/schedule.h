@@ -19,7 +19,7 @@ namespace detail {
 struct NodeIndex {
   explicit NodeIndex(const Graph& graph);
 
-  enum Flag : std::uint8_t {
+  enum Flag : std::uint16_t {
     kForward = 1,         // Node::is_forward()
     kCallFunction = 2,    // NodeKind::CallFunction
     kOutput = 4,          // NodeKind::Output
@@ -27,7 +27,8 @@ struct NodeIndex {
     kProjects = 16,       // a getitem taking one element of an allocating multi-output producer
     kMultiAlias = 32,     // more than one alias position (alias.h): read them off the node
     kRng = 64,            // Node::rng
-    kRecomputedFrom = 128 // a duplicate made by an earlier pass (Node::recomputed_from non-empty)
+    kRecomputedFrom = 128, // a duplicate made by an earlier pass (Node::recomputed_from non-empty)
+    kGetitem = 256         // operator.getitem (alias.h is_getitem)
   };
 
   std::size_t size() const { return flags.size(); }
@@ -36,7 +37,7 @@ struct NodeIndex {
   // A backward node other than the output (remat.cc: backward_consumer).
   bool backward_consumer(std::size_t i) const { return !has(i, kForward) && !has(i, kOutput); }
 
-  std::vector<std::uint8_t> flags;
+  std::vector<std::uint16_t> flags;
   std::vector<std::int32_t> input_start;  // per node + 1: offsets into `inputs`
   std::vector<std::int32_t> inputs;       // Node::inputs, concatenated
   std::vector<std::int64_t> output_bytes; // Node::output_bytes()
@@ -57,6 +58,9 @@ FlatSchedule flat_schedule(const Graph& graph, const NodeIndex& index, const Rem
 
 // The original graph in node order: step i runs node i and reads its inputs.
 FlatSchedule original_flat_schedule(const NodeIndex& index);
+
+// remat.h's pin_tuple_projections over the index.
+std::size_t pin_tuple_projections(const NodeIndex& index, std::vector<Policy>& policies);
 
 // The public entry points with a prebuilt index (remat.h, simulate.h).
 RematPlan plan_remat(const Graph& graph, const NodeIndex& index, const std::vector<Policy>& policies,

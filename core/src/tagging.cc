@@ -1,6 +1,8 @@
 #include "hyper_ac/tagging.h"
 
 #include <algorithm>
+#include <string_view>
+#include <unordered_map>
 
 namespace hyper_ac {
 
@@ -24,12 +26,37 @@ struct Tagger {
   TagResult result;
   std::vector<char> user;  // policy seeded from the model's own tag
 
+  // What the operator table says about a target, found once per distinct
+  // target (op_matches scans the table) and once per node (a hash lookup).
+  struct OpFacts {
+    bool transparent, must_recompute, must_save, prefer_save, saved_collective, all_gather;
+  };
+  std::vector<OpFacts> op_facts;
+  std::unordered_map<std::string_view, std::int32_t> op_facts_of_target;
+  std::vector<std::int32_t> op_facts_of_node;  // per node; -1 = not looked up yet
+
+  const OpFacts& facts(std::size_t i) {
+    std::int32_t& id = op_facts_of_node[i];
+    if (id < 0) {
+      const std::string& target = graph.nodes[i].target;
+      auto [it, inserted] = op_facts_of_target.emplace(std::string_view(target), static_cast<std::int32_t>(op_facts.size()));
+      if (inserted) {
+        const OpPolicyTable& table = options.op_policy;
+        op_facts.push_back({op_matches(table.transparent, target), op_matches(table.must_recompute, target),
+                            op_matches(table.must_save, target), op_matches(table.prefer_save, target),
+                            op_matches(table.saved_collectives, target), op_matches(table.all_gathers, target)});
+      }
+      id = it->second;
+    }
+    return op_facts[static_cast<std::size_t>(id)];
+  }
+
   bool is_candidate(std::size_t i) const {
     const Node& node = graph.nodes[i];
     return node.is_forward() && node.kind == NodeKind::CallFunction && node.recomputed_from.empty();
   }
 
-  bool transparent(const Node& node) const { return op_matches(options.op_policy.transparent, node.target); }
+  bool transparent(std::size_t i) { return facts(i).transparent; }
 
   void set(std::size_t i, Policy policy, const char* reason) {
     result.policies[i] = policy;
@@ -91,26 +118,25 @@ struct Tagger {
     return true;
   }
 
-  Policy mode_policy(const Node& node) const {
-    const OpPolicyTable& table = options.op_policy;
+  Policy mode_policy(std::size_t i) {
     if (options.mode == Mode::Full) return Policy::MustRecompute;
-    if (op_matches(table.must_recompute, node.target)) return Policy::MustRecompute;
-    if (op_matches(table.must_save, node.target))
+    const OpFacts& op = facts(i);
+    if (op.must_recompute) return Policy::MustRecompute;
+    if (op.must_save)
       // Under the min-cut modes the table is a bias, not a rule.
       return options.mode == Mode::Selective ? Policy::MustSave : Policy::PreferSave;
-    if (op_matches(table.prefer_save, node.target)) return Policy::PreferSave;
+    if (op.prefer_save) return Policy::PreferSave;
     return Policy::PreferRecompute;
   }
 
   // Pass 0: the model's own tags (torch.utils.checkpoint, selective-checkpoint
   // contexts), in every region or none; then PyTorch's boundary rule.
   void tag_user() {
-    const OpPolicyTable& table = options.op_policy;
     for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
       if (!is_candidate(i)) continue;
       const Node& node = graph.nodes[i];
       if (node.policy == Policy::None) continue;
-      const bool collective = op_matches(table.saved_collectives, node.target);
+      const bool collective = facts(i).saved_collective;
       switch (node.policy) {
         case Policy::None: continue;
         case Policy::MustSave: set(i, Policy::MustSave, "user"); break;
@@ -153,11 +179,10 @@ struct Tagger {
 
   // Pass 1: mode policy plus the structural saves (RNG, SymInt, collectives).
   void tag_by_policy() {
-    const OpPolicyTable& table = options.op_policy;
     for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
       if (!is_candidate(i) || user[i]) continue;
       const Node& node = graph.nodes[i];
-      if (transparent(node)) {
+      if (transparent(i)) {
         if (!node.inputs.empty()) {
           auto parent = static_cast<std::size_t>(node.inputs[0]);
           if (result.policies[parent] != Policy::None) {
@@ -175,11 +200,10 @@ struct Tagger {
         // Replayed from its saved generator state if recomputed: that costs the
         // state's bytes (charged by the min-cut and the remat plan), not its
         // output's. A random op no larger than its state stays saved ("rng").
-        set(i, mode_policy(node), "rng-replay");
+        set(i, mode_policy(i), "rng-replay");
         ++result.stats.rng_replay_candidates;
-      } else if (!save_structural(i, op_matches(table.saved_collectives, node.target) ||
-                                         (options.save_forward_all_gather && op_matches(table.all_gathers, node.target)))) {
-        Policy policy = mode_policy(node);
+      } else if (!save_structural(i, facts(i).saved_collective || (options.save_forward_all_gather && facts(i).all_gather))) {
+        Policy policy = mode_policy(i);
         set(i, policy, policy == Policy::MustSave ? "op-table" : "");
       }
     }
@@ -274,7 +298,7 @@ struct Tagger {
           seen_mark[u] = static_cast<std::int32_t>(i);
           const Node& user = graph.nodes[u];
           if (user.kind == NodeKind::Output || user.is_backward()) continue;
-          if (user.kind == NodeKind::CallFunction && transparent(user) && result.policies[u] == policy) {
+          if (user.kind == NodeKind::CallFunction && transparent(u) && result.policies[u] == policy) {
             stack.push_back(user_index);
             continue;
           }
@@ -305,11 +329,12 @@ struct Tagger {
 }  // namespace
 
 TagResult tag_policies(const Graph& graph, const Scope& scope, const TagOptions& options) {
-  Tagger tagger{graph, scope, options, {}};
+  Tagger tagger{graph, scope, options, {}, {}, {}, {}, {}};
   tagger.result.policies.assign(graph.nodes.size(), Policy::None);
   tagger.result.graph_id.assign(graph.nodes.size(), -1);
   tagger.result.reasons.assign(graph.nodes.size(), "");
   tagger.user.assign(graph.nodes.size(), 0);
+  tagger.op_facts_of_node.assign(graph.nodes.size(), -1);
   if (options.mode == Mode::Off) return tagger.result;
   tagger.tag_user();
   if (scope.regions.empty() && tagger.result.stats.user_tagged == 0) return tagger.result;
