@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -39,8 +40,10 @@ std::vector<ModuleFrame> module_universe(const Graph& graph) {
     return frames;
   }
   std::map<std::string, std::string> seen;
+  std::unordered_set<std::string_view> listed;  // each distinct FQN enters the sorted map once
   for (const auto& stack : graph.stacks)
-    for (const auto& frame : stack) seen.emplace(frame.fqn, frame.type);
+    for (const auto& frame : stack)
+      if (listed.insert(std::string_view(frame.fqn)).second) seen.emplace(frame.fqn, frame.type);
   std::vector<ModuleFrame> frames;
   for (auto& [fqn, type] : seen) frames.push_back({fqn, type});
   return frames;
@@ -70,20 +73,49 @@ std::vector<std::string> outermost_matches(const std::vector<ModuleFrame>& unive
   return outermost;
 }
 
-// Index of the root containing fqn (walking up its dotted prefixes), or -1.
-std::int32_t find_root(const std::unordered_map<std::string, std::int32_t>& roots, const std::string& fqn) {
-  std::string current = fqn;
-  while (true) {
-    auto it = roots.find(current);
-    if (it != roots.end()) return it->second;
-    if (current.empty()) return -1;
-    current = parent_of(current);
-    if (current.empty()) {
-      auto top = roots.find("");
-      return top == roots.end() ? -1 : top->second;
-    }
-  }
+std::string_view parent_view(std::string_view fqn) {
+  auto dot = fqn.rfind('.');
+  return dot == std::string_view::npos ? std::string_view() : fqn.substr(0, dot);
 }
+
+// Index of the root containing an FQN (walking up its dotted prefixes: the
+// FQN itself, its parent, ..., then the root module ""), or -1. Memoised per
+// prefix: each distinct module prefix is looked up once however many module
+// stacks name it. The roots and the FQNs asked about must outlive the finder
+// (string views into them are kept).
+class RootFinder {
+ public:
+  explicit RootFinder(const std::vector<std::string>& roots) {
+    for (std::size_t i = 0; i < roots.size(); ++i) roots_.emplace(std::string_view(roots[i]), static_cast<std::int32_t>(i));
+  }
+  bool empty() const { return roots_.empty(); }
+  std::int32_t find(std::string_view fqn) {
+    if (roots_.empty()) return -1;
+    auto known = memo_.find(fqn);
+    if (known != memo_.end()) return known->second;
+    std::int32_t found;
+    auto it = roots_.find(fqn);
+    if (it != roots_.end()) {
+      found = it->second;
+    } else if (fqn.empty()) {
+      found = -1;
+    } else {
+      std::string_view parent = parent_view(fqn);
+      if (parent.empty()) {
+        auto top = roots_.find(std::string_view());
+        found = top == roots_.end() ? -1 : top->second;
+      } else {
+        found = find(parent);
+      }
+    }
+    memo_.emplace(fqn, found);
+    return found;
+  }
+
+ private:
+  std::unordered_map<std::string_view, std::int32_t> roots_;  // first listing of a name wins, as emplace
+  std::unordered_map<std::string_view, std::int32_t> memo_;
+};
 
 }  // namespace
 
@@ -92,6 +124,7 @@ std::int32_t find_root(const std::unordered_map<std::string, std::int32_t>& root
 // frame; nested repeats (experts inside a layer) are left to the outer unit.
 std::vector<ModuleFrame> units_from_stacks(const Graph& graph) {
   std::map<std::string, std::string> frames;  // fqn -> type, sorted
+  std::unordered_set<std::string_view> seen;  // views into graph.stacks
   std::vector<std::string> first_seen;
   // Each interned stack once, in the order nodes first use it: linear in the
   // node count, map work only per distinct stack.
@@ -100,7 +133,10 @@ std::vector<ModuleFrame> units_from_stacks(const Graph& graph) {
     if (node.stack < 0 || stack_seen[static_cast<std::size_t>(node.stack)]) continue;
     stack_seen[static_cast<std::size_t>(node.stack)] = 1;
     for (const auto& frame : graph.stack_of(node))
-      if (frames.emplace(frame.fqn, frame.type).second) first_seen.push_back(frame.fqn);
+      if (seen.insert(std::string_view(frame.fqn)).second) {
+        frames.emplace(frame.fqn, frame.type);
+        first_seen.push_back(frame.fqn);
+      }
   }
   std::map<std::string, std::map<std::string, std::vector<std::string>>> children;  // parent -> type -> fqns
   for (const auto& fqn : first_seen) {
@@ -135,10 +171,16 @@ std::vector<ModuleFrame> units_from_stacks(const Graph& graph) {
     }
   }
   // Discovery order = order of first appearance in the graph.
-  std::unordered_map<std::string, std::size_t> order;
-  for (std::size_t i = 0; i < first_seen.size(); ++i) order.emplace(first_seen[i], i);
-  std::stable_sort(units.begin(), units.end(), [&](const ModuleFrame& a, const ModuleFrame& b) { return order[a.fqn] < order[b.fqn]; });
-  return units;
+  std::unordered_map<std::string_view, std::size_t> order;
+  for (std::size_t i = 0; i < first_seen.size(); ++i) order.emplace(std::string_view(first_seen[i]), i);
+  std::vector<std::pair<std::size_t, std::size_t>> keyed;  // (first appearance, position in units)
+  keyed.reserve(units.size());
+  for (std::size_t u = 0; u < units.size(); ++u) keyed.emplace_back(order[std::string_view(units[u].fqn)], u);
+  std::sort(keyed.begin(), keyed.end());  // the position breaks ties: stable
+  std::vector<ModuleFrame> sorted;
+  sorted.reserve(units.size());
+  for (const auto& [first, u] : keyed) sorted.push_back(std::move(units[u]));
+  return sorted;
 }
 
 std::vector<ModuleFrame> units_from_model(const ModelFacts& model) {
@@ -244,15 +286,14 @@ Scope whole_graph_scope(const Graph& graph, const ScopeOptions& options, const s
   scope.whole_graph = true;
   scope.regions.push_back("");
   scope.region_output_recompute.push_back(false);
-  const std::vector<ModuleFrame> universe = module_universe(graph);
   if (!options.exclude.empty()) {
+    const std::vector<ModuleFrame> universe = module_universe(graph);
     std::vector<bool> used(options.exclude.size(), false);
     scope.excluded = outermost_matches(universe, {}, options.exclude, used);
     for (std::size_t p = 0; p < used.size(); ++p)
       if (!used[p]) throw ScopeError("exclude pattern '" + options.exclude[p] + "' matches no module");
   }
-  std::unordered_map<std::string, std::int32_t> excluded_index;
-  for (std::size_t i = 0; i < scope.excluded.size(); ++i) excluded_index.emplace(scope.excluded[i], static_cast<std::int32_t>(i));
+  RootFinder excluded_root(scope.excluded);
   scope.node_region.assign(graph.nodes.size(), -1);
   scope.node_unit.assign(graph.nodes.size(), -1);
   scope.node_excluded.assign(graph.nodes.size(), false);
@@ -260,9 +301,9 @@ Scope whole_graph_scope(const Graph& graph, const ScopeOptions& options, const s
     const Node& node = graph.nodes[i];
     if (!node.is_forward()) continue;
     scope.node_region[i] = 0;
-    if (node.stack < 0 || excluded_index.empty()) continue;
+    if (node.stack < 0 || excluded_root.empty()) continue;
     for (const auto& frame : graph.stacks[static_cast<std::size_t>(node.stack)])
-      if (find_root(excluded_index, frame.fqn) >= 0) {
+      if (excluded_root.find(frame.fqn) >= 0) {
         scope.node_excluded[i] = true;
         break;
       }
@@ -323,7 +364,9 @@ Scope resolve_scope(const Graph& graph, const ScopeOptions& options) {
   std::vector<std::string> selected_fqns;
   for (auto index : scope.selected_units) selected_fqns.push_back(scope.units[static_cast<std::size_t>(index)].fqn);
 
-  const std::vector<ModuleFrame> universe = module_universe(graph);
+  // The patterns' universe, built only when some pattern needs it.
+  std::vector<ModuleFrame> universe;
+  if (!options.include.empty() || !options.exclude.empty()) universe = module_universe(graph);
   if (selected_fqns.empty()) {
     scope.diagnostics.push_back({Severity::Info, -1, "activation checkpoint layer selection matched zero layers; nothing is recomputed"});
   } else if (options.include.empty()) {
@@ -358,10 +401,10 @@ Scope resolve_scope(const Graph& graph, const ScopeOptions& options) {
   }
 
   // Per interned stack, then per node: the innermost enclosing region/unit/exclusion.
-  std::unordered_map<std::string, std::int32_t> region_index, unit_index, excluded_index;
-  for (std::size_t i = 0; i < scope.regions.size(); ++i) region_index.emplace(scope.regions[i], static_cast<std::int32_t>(i));
-  for (std::size_t i = 0; i < scope.units.size(); ++i) unit_index.emplace(scope.units[i].fqn, static_cast<std::int32_t>(i));
-  for (std::size_t i = 0; i < scope.excluded.size(); ++i) excluded_index.emplace(scope.excluded[i], static_cast<std::int32_t>(i));
+  std::vector<std::string> unit_fqns;
+  unit_fqns.reserve(scope.units.size());
+  for (const auto& unit : scope.units) unit_fqns.push_back(unit.fqn);
+  RootFinder region_root(scope.regions), unit_root(unit_fqns), excluded_root(scope.excluded);
   struct StackScope {
     std::int32_t region = -1, unit = -1;
     bool excluded = false;
@@ -369,9 +412,9 @@ Scope resolve_scope(const Graph& graph, const ScopeOptions& options) {
   std::vector<StackScope> per_stack(graph.stacks.size());
   for (std::size_t s = 0; s < graph.stacks.size(); ++s) {
     for (const auto& frame : graph.stacks[s]) {  // innermost first
-      if (per_stack[s].region < 0) per_stack[s].region = find_root(region_index, frame.fqn);
-      if (per_stack[s].unit < 0) per_stack[s].unit = find_root(unit_index, frame.fqn);
-      if (!per_stack[s].excluded) per_stack[s].excluded = find_root(excluded_index, frame.fqn) >= 0;
+      if (per_stack[s].region < 0) per_stack[s].region = region_root.find(frame.fqn);
+      if (per_stack[s].unit < 0) per_stack[s].unit = unit_root.find(frame.fqn);
+      if (!per_stack[s].excluded) per_stack[s].excluded = excluded_root.find(frame.fqn) >= 0;
     }
   }
   scope.node_region.assign(graph.nodes.size(), -1);
