@@ -241,7 +241,10 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
   StageOptions stages = stage_options(config, options.op_policy);
 
   auto stage = Clock::now();
-  result.scope = resolve_scope(graph, stages.scope);
+  // Compact node facts, built once (counted in the scope stage): scope, tags,
+  // the memory estimates and every evaluation read them instead of the nodes.
+  const detail::NodeIndex index(graph);
+  result.scope = detail::resolve_scope(graph, index, stages.scope);
   stages.mincut.charge_inputs = result.scope.whole_graph;
   result.timings.scope_seconds = seconds_since(stage);
   for (const auto& note : result.scope.diagnostics) result.diagnostics.push_back(note);
@@ -251,12 +254,11 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
   result.stats.regions = result.scope.regions.size();
 
   stage = Clock::now();
-  result.tags = tag_policies(graph, result.scope, stages.tag);
+  result.tags = detail::tag_policies(graph, index, result.scope, stages.tag);
   result.timings.tag_seconds = seconds_since(stage);
   result.stats.user_tagged = result.tags.stats.user_tagged;
 
   stage = Clock::now();
-  const detail::NodeIndex index(graph);  // compact node facts, shared by the memory estimates and every evaluation
   const SimulateResult before = detail::simulate_memory(graph, index, nullptr, {});
   result.timings.simulate_seconds += seconds_since(stage);
   result.stats.simulated_peak_before = before.peak_bytes_with_resident;

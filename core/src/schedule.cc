@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "string_ids.h"
+
 #include "hyper_ac/alias.h"
 
 namespace hyper_ac {
@@ -14,6 +16,10 @@ NodeIndex::NodeIndex(const Graph& graph) {
   output_bytes.resize(n);
   alias_first.resize(n);
   storage_root.resize(n);
+  stack.resize(n);
+  policy.resize(n);
+  target.resize(n);
+  StringIds target_ids;
   input_start[0] = 0;
   std::size_t edges = 0;
   for (std::size_t i = 0; i < n; ++i) {
@@ -32,6 +38,14 @@ NodeIndex::NodeIndex(const Graph& graph) {
     if (node.rng) f |= kRng;
     if (!node.recomputed_from.empty()) f |= kRecomputedFrom;
     if (is_getitem(node)) f |= kGetitem;
+    if (node.mutated) f |= kMutated;
+    if (!node.mutated_inputs.empty()) f |= kMutatesInputs;
+    if (node.symint) f |= kSymint;
+    stack[i] = node.stack;
+    policy[i] = node.policy;
+    auto [id, inserted] = target_ids.insert(std::string_view(node.target));
+    if (inserted) targets.push_back(std::string_view(node.target));
+    target[i] = id;
     const std::int32_t first = first_alias_position(node);
     alias_first[i] = first;
     if (first >= 0) {

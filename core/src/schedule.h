@@ -7,11 +7,14 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "hyper_ac/graph.h"
 #include "hyper_ac/remat.h"
+#include "hyper_ac/scope.h"
 #include "hyper_ac/simulate.h"
+#include "hyper_ac/tagging.h"
 
 namespace hyper_ac {
 namespace detail {
@@ -28,7 +31,10 @@ struct NodeIndex {
     kMultiAlias = 32,     // more than one alias position (alias.h): read them off the node
     kRng = 64,            // Node::rng
     kRecomputedFrom = 128, // a duplicate made by an earlier pass (Node::recomputed_from non-empty)
-    kGetitem = 256         // operator.getitem (alias.h is_getitem)
+    kGetitem = 256,        // operator.getitem (alias.h is_getitem)
+    kMutated = 512,        // Node::mutated
+    kMutatesInputs = 1024, // Node::mutated_inputs non-empty
+    kSymint = 2048         // Node::symint
   };
 
   std::size_t size() const { return flags.size(); }
@@ -43,6 +49,10 @@ struct NodeIndex {
   std::vector<std::int64_t> output_bytes; // Node::output_bytes()
   std::vector<std::int32_t> alias_first;  // alias.h first_alias_position; -1 = allocates its own storage
   std::vector<std::int32_t> storage_root; // alias.h storage_roots
+  std::vector<std::int32_t> stack;        // Node::stack
+  std::vector<Policy> policy;             // Node::policy (the model's own tag)
+  std::vector<std::int32_t> target;       // per node: index into `targets`
+  std::vector<std::string_view> targets;  // distinct Node::target values, first use order (views into the graph)
 };
 
 struct FlatSchedule {
@@ -58,6 +68,14 @@ FlatSchedule flat_schedule(const Graph& graph, const NodeIndex& index, const Rem
 
 // The original graph in node order: step i runs node i and reads its inputs.
 FlatSchedule original_flat_schedule(const NodeIndex& index);
+
+// scope.h's resolve_scope / units_from_stacks over the index (the node loops
+// read its stack and phase arrays).
+std::vector<ModuleFrame> units_from_stacks(const Graph& graph, const NodeIndex& index);
+Scope resolve_scope(const Graph& graph, const NodeIndex& index, const ScopeOptions& options);
+
+// tagging.h's tag_policies over the index.
+TagResult tag_policies(const Graph& graph, const NodeIndex& index, const Scope& scope, const TagOptions& options);
 
 // remat.h's pin_tuple_projections over the index.
 std::size_t pin_tuple_projections(const NodeIndex& index, std::vector<Policy>& policies);

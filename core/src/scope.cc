@@ -10,6 +10,9 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "schedule.h"
+#include "string_ids.h"
+
 namespace hyper_ac {
 
 bool fqn_matches(const std::string& pattern, const std::string& fqn) {
@@ -85,54 +88,63 @@ std::string_view parent_view(std::string_view fqn) {
 // (string views into them are kept).
 class RootFinder {
  public:
-  explicit RootFinder(const std::vector<std::string>& roots) {
-    for (std::size_t i = 0; i < roots.size(); ++i) roots_.emplace(std::string_view(roots[i]), static_cast<std::int32_t>(i));
+  explicit RootFinder(const std::vector<std::string>& roots) : roots_(roots.size()) {
+    for (std::size_t i = 0; i < roots.size(); ++i)
+      if (roots_.insert(std::string_view(roots[i])).second) root_index_.push_back(static_cast<std::int32_t>(i));
   }
-  bool empty() const { return roots_.empty(); }
+  bool empty() const { return roots_.size() == 0; }
   std::int32_t find(std::string_view fqn) {
-    if (roots_.empty()) return -1;
-    auto known = memo_.find(fqn);
-    if (known != memo_.end()) return known->second;
+    if (empty()) return -1;
+    auto [id, fresh] = memo_.insert(fqn);
+    if (!fresh) return memo_value_[static_cast<std::size_t>(id)];
+    memo_value_.push_back(-1);
     std::int32_t found;
-    auto it = roots_.find(fqn);
-    if (it != roots_.end()) {
-      found = it->second;
+    const std::int32_t root = roots_.find(fqn);
+    if (root >= 0) {
+      found = root_index_[static_cast<std::size_t>(root)];
     } else if (fqn.empty()) {
       found = -1;
     } else {
       std::string_view parent = parent_view(fqn);
       if (parent.empty()) {
-        auto top = roots_.find(std::string_view());
-        found = top == roots_.end() ? -1 : top->second;
+        const std::int32_t top = roots_.find(std::string_view());
+        found = top < 0 ? -1 : root_index_[static_cast<std::size_t>(top)];
       } else {
         found = find(parent);
       }
     }
-    memo_.emplace(fqn, found);
+    memo_value_[static_cast<std::size_t>(id)] = found;
     return found;
   }
 
  private:
-  std::unordered_map<std::string_view, std::int32_t> roots_;  // first listing of a name wins, as emplace
-  std::unordered_map<std::string_view, std::int32_t> memo_;
+  detail::StringIds roots_;             // the roots' names; the first listing of a name wins
+  std::vector<std::int32_t> root_index_;  // per name id: its index in the roots
+  detail::StringIds memo_;              // the FQNs looked up so far
+  std::vector<std::int32_t> memo_value_;  // per FQN id: its root, -1 = none
 };
 
 }  // namespace
 
+namespace {
+
 // Without a live model: repeated children of one container with the same
 // type. A container never runs a forward of its own, so it never shows up as a
 // frame; nested repeats (experts inside a layer) are left to the outer unit.
-std::vector<ModuleFrame> units_from_stacks(const Graph& graph) {
+// stack_of(i) is node i's Node::stack (off the graph or the node index).
+template <typename StackOf>
+std::vector<ModuleFrame> units_from_stacks_of(const Graph& graph, StackOf&& stack_of) {
   std::map<std::string, std::string> frames;  // fqn -> type, sorted
-  std::unordered_set<std::string_view> seen;  // views into graph.stacks
+  detail::StringIds seen;  // views into graph.stacks
   std::vector<std::string> first_seen;
   // Each interned stack once, in the order nodes first use it: linear in the
   // node count, map work only per distinct stack.
   std::vector<char> stack_seen(graph.stacks.size(), 0);
-  for (const auto& node : graph.nodes) {
-    if (node.stack < 0 || stack_seen[static_cast<std::size_t>(node.stack)]) continue;
-    stack_seen[static_cast<std::size_t>(node.stack)] = 1;
-    for (const auto& frame : graph.stack_of(node))
+  for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
+    const std::int32_t stack = stack_of(i);
+    if (stack < 0 || stack_seen[static_cast<std::size_t>(stack)]) continue;
+    stack_seen[static_cast<std::size_t>(stack)] = 1;
+    for (const auto& frame : graph.stacks[static_cast<std::size_t>(stack)])
       if (seen.insert(std::string_view(frame.fqn)).second) {
         frames.emplace(frame.fqn, frame.type);
         first_seen.push_back(frame.fqn);
@@ -181,6 +193,16 @@ std::vector<ModuleFrame> units_from_stacks(const Graph& graph) {
   sorted.reserve(units.size());
   for (const auto& [first, u] : keyed) sorted.push_back(std::move(units[u]));
   return sorted;
+}
+
+}  // namespace
+
+std::vector<ModuleFrame> units_from_stacks(const Graph& graph) {
+  return units_from_stacks_of(graph, [&](std::size_t i) { return graph.nodes[i].stack; });
+}
+
+std::vector<ModuleFrame> detail::units_from_stacks(const Graph& graph, const NodeIndex& index) {
+  return units_from_stacks_of(graph, [&](std::size_t i) { return index.stack[i]; });
 }
 
 std::vector<ModuleFrame> units_from_model(const ModelFacts& model) {
@@ -266,6 +288,19 @@ UnitDiscovery discover_units(const Graph& graph) {
   return found;
 }
 
+namespace {
+
+// discover_units over the node index.
+UnitDiscovery discover_units(const Graph& graph, const detail::NodeIndex& index) {
+  UnitDiscovery found;
+  if (graph.model.present) found.units = units_from_model(graph.model);
+  found.from_model = !found.units.empty();
+  if (!found.from_model) found.units = detail::units_from_stacks(graph, index);
+  return found;
+}
+
+}  // namespace
+
 const char* to_string(ScopeRule rule) {
   switch (rule) {
     case ScopeRule::Auto: return "auto";
@@ -278,7 +313,8 @@ const char* to_string(ScopeRule rule) {
 namespace {
 
 // One region, named "" (the root), over every forward node; exclusions still apply.
-Scope whole_graph_scope(const Graph& graph, const ScopeOptions& options, const std::string& why) {
+Scope whole_graph_scope(const Graph& graph, const detail::NodeIndex& index, const ScopeOptions& options,
+                        const std::string& why) {
   if (options.layer_count || options.layer_indices)
     throw ScopeError("selection.layer_count / layer_indices select units, but the scope is the whole graph (" + why +
                      "); drop the selection or use scope: units");
@@ -298,11 +334,11 @@ Scope whole_graph_scope(const Graph& graph, const ScopeOptions& options, const s
   scope.node_unit.assign(graph.nodes.size(), -1);
   scope.node_excluded.assign(graph.nodes.size(), false);
   for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
-    const Node& node = graph.nodes[i];
-    if (!node.is_forward()) continue;
+    if (!index.forward(i)) continue;
     scope.node_region[i] = 0;
-    if (node.stack < 0 || excluded_root.empty()) continue;
-    for (const auto& frame : graph.stacks[static_cast<std::size_t>(node.stack)])
+    const std::int32_t stack = index.stack[i];
+    if (stack < 0 || excluded_root.empty()) continue;
+    for (const auto& frame : graph.stacks[static_cast<std::size_t>(stack)])
       if (excluded_root.find(frame.fqn) >= 0) {
         scope.node_excluded[i] = true;
         break;
@@ -315,17 +351,22 @@ Scope whole_graph_scope(const Graph& graph, const ScopeOptions& options, const s
 }  // namespace
 
 Scope resolve_scope(const Graph& graph, const ScopeOptions& options) {
-  if (options.rule == ScopeRule::WholeGraph) return whole_graph_scope(graph, options, "scope: whole_graph in the config");
+  return detail::resolve_scope(graph, detail::NodeIndex(graph), options);
+}
+
+Scope detail::resolve_scope(const Graph& graph, const NodeIndex& index, const ScopeOptions& options) {
+  if (options.rule == ScopeRule::WholeGraph)
+    return whole_graph_scope(graph, index, options, "scope: whole_graph in the config");
   Scope scope;
   {
     // No live model, or one without the gradient_checkpointing marker: the
     // repeated blocks are read off the module stacks.
-    UnitDiscovery found = discover_units(graph);
+    UnitDiscovery found = discover_units(graph, index);
     scope.units = std::move(found.units);
     scope.units_from_model = found.from_model;
     if (scope.units.empty() && options.rule == ScopeRule::Auto && options.whole_graph_when_no_units &&
         options.include.empty())
-      return whole_graph_scope(graph, options, "no units found");
+      return whole_graph_scope(graph, index, options, "no units found");
     if (scope.units.empty()) {
       std::string model = graph.model.present
                               ? "model " + (graph.model.type.empty() ? std::string("(unnamed)") : graph.model.type) +
@@ -421,9 +462,9 @@ Scope resolve_scope(const Graph& graph, const ScopeOptions& options) {
   scope.node_unit.assign(graph.nodes.size(), -1);
   scope.node_excluded.assign(graph.nodes.size(), false);
   for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
-    const Node& node = graph.nodes[i];
-    if (node.stack < 0) continue;
-    const StackScope& s = per_stack[static_cast<std::size_t>(node.stack)];
+    const std::int32_t stack = index.stack[i];
+    if (stack < 0) continue;
+    const StackScope& s = per_stack[static_cast<std::size_t>(stack)];
     scope.node_region[i] = s.region;
     scope.node_unit[i] = s.unit;
     scope.node_excluded[i] = s.excluded;
