@@ -18,6 +18,7 @@
 #include "hyper_ac/alias.h"
 #include "hyper_ac/cost.h"
 #include "hyper_ac/saturate.h"
+#include "schedule.h"
 
 namespace hyper_ac {
 
@@ -70,7 +71,7 @@ struct Cut {
 class Solver {
  public:
   Solver(const Graph& graph, const std::vector<Policy>& tags, const MinCutOptions& options)
-      : graph_(graph), tags_(tags), options_(options) {
+      : graph_(graph), tags_(tags), options_(options), index_(graph) {
     check_options();
     classify();
     collect_candidates();
@@ -122,19 +123,26 @@ class Solver {
                                  std::int64_t& flow) const;
 
   bool forward_value(std::int32_t i) const {
-    const Node& node = graph_.nodes[static_cast<std::size_t>(i)];
-    return node.is_forward() && node.kind != NodeKind::Output;
+    const auto x = static_cast<std::size_t>(i);
+    return index_.forward(x) && !index_.has(x, detail::NodeIndex::kOutput);
+  }
+  // Node i's inputs (Node::inputs order), off the compact index.
+  template <typename F>
+  void for_inputs(std::size_t i, F&& f) const {
+    for (auto e = index_.input_start[i]; e < index_.input_start[i + 1]; ++e) f(index_.inputs[static_cast<std::size_t>(e)]);
   }
   // Inputs of node i that are in the network (non-free forward values).
   template <typename F>
   void for_network_inputs(std::size_t i, F&& f) const {
-    for (auto input : graph_.nodes[i].inputs)
+    for_inputs(i, [&](std::int32_t input) {
       if (forward_value(input) && !free_[static_cast<std::size_t>(input)]) f(input);
+    });
   }
 
   const Graph& graph_;
   const std::vector<Policy>& tags_;
   const MinCutOptions& options_;
+  detail::NodeIndex index_;                       // compact node facts (flags, inputs, bytes)
 
   std::vector<char> free_;                        // saved at no cost, never recomputed
   std::vector<const char*> never_recompute_;      // reason or nullptr
@@ -146,6 +154,10 @@ class Solver {
   std::vector<char> read_by_backward_;            // network values some backward node reads
   std::vector<char> candidate_;                   // may end on the sink side of the cut
   std::vector<std::int32_t> candidates_;          // ascending
+  std::vector<double> plain_seconds_;             // candidates: recompute_seconds (cost.h), unbiased
+  std::vector<double> flops_;                     // candidates: Node::flops
+  std::vector<std::int64_t> state_bytes_;         // candidates: generator state a replay saves (rng ops)
+  std::vector<std::int32_t> free_backward_reads_; // free forward values some backward node reads, ascending
   std::size_t forward_nodes_ = 0;
   std::size_t free_nodes_ = 0;
 };
@@ -207,13 +219,12 @@ void Solver::classify() {
     const bool charged_input =
         options_.charge_inputs && node.kind == NodeKind::Placeholder && node.role == Role::Input && !node.symint;
     bool is_free = (node.kind != NodeKind::CallFunction && !charged_input) || (output_read[i] && !must_recompute);
-    const auto positions = alias_positions(node);
-    if (!is_free && !positions.empty()) {
+    if (!is_free && first_alias_position(node) >= 0) {
       bool all_free = true;
-      for (auto position : positions) {
+      for_each_alias_position(node, [&](std::int32_t position) {
         auto base = node.inputs[static_cast<std::size_t>(position)];
         if (forward_value(base) && !free_[static_cast<std::size_t>(base)]) all_free = false;
-      }
+      });
       is_free = all_free && !must_recompute;
     }
     if (is_free) {
@@ -259,9 +270,12 @@ void Solver::collect_candidates() {
   read_by_backward_.assign(n, 0);
   candidate_.assign(n, 0);
   std::vector<std::int32_t> stack;
+  std::vector<char> free_read(n, 0);
   for (std::size_t b = 0; b < n; ++b) {
-    const Node& node = graph_.nodes[b];
-    if (!node.is_backward() || node.kind == NodeKind::Output) continue;
+    if (!index_.backward_consumer(b)) continue;
+    for_inputs(b, [&](std::int32_t input) {
+      if (forward_value(input) && free_[static_cast<std::size_t>(input)]) free_read[static_cast<std::size_t>(input)] = 1;
+    });
     for_network_inputs(b, [&](std::int32_t input) {
       auto x = static_cast<std::size_t>(input);
       read_by_backward_[x] = 1;
@@ -283,8 +297,20 @@ void Solver::collect_candidates() {
       }
     });
   }
-  for (std::size_t i = 0; i < n; ++i)
+  for (std::size_t i = 0; i < n; ++i) {
+    if (free_read[i]) free_backward_reads_.push_back(static_cast<std::int32_t>(i));
     if (candidate_[i]) candidates_.push_back(static_cast<std::int32_t>(i));
+  }
+  plain_seconds_.assign(n, 0.0);
+  flops_.assign(n, 0.0);
+  state_bytes_.assign(n, 0);
+  for (auto v : candidates_) {
+    const auto i = static_cast<std::size_t>(v);
+    const Node& node = graph_.nodes[i];
+    plain_seconds_[i] = recompute_seconds(graph_, v, options_.cost);
+    flops_[i] = node.flops;
+    state_bytes_[i] = node.rng ? node.rng_state_bytes : 0;
+  }
 }
 
 void Solver::check_feasible() const {
@@ -300,22 +326,25 @@ void Solver::check_feasible() const {
     if (never_recompute_[i]) {
       cause = v;
     } else {
-      for (auto input : graph_.nodes[i].inputs)
+      for (auto e = index_.input_start[i]; e < index_.input_start[i + 1]; ++e) {
+        const auto input = index_.inputs[static_cast<std::size_t>(e)];
         if (forced[static_cast<std::size_t>(input)]) {
           cause = input;
           break;
         }
+      }
     }
     if (cause == kNone || !never_save_[i]) continue;
     forced[i] = 1;
     forced_by[i] = cause;
   }
   for (std::size_t b = 0; b < n; ++b) {
-    const Node& node = graph_.nodes[b];
-    if (!node.is_backward() || node.kind == NodeKind::Output) continue;
-    for (auto input : node.inputs) {
+    if (!index_.backward_consumer(b)) continue;
+    for (auto e = index_.input_start[b]; e < index_.input_start[b + 1]; ++e) {
+      const auto input = index_.inputs[static_cast<std::size_t>(e)];
       auto x = static_cast<std::size_t>(input);
       if (!forced[x]) continue;
+      const Node& node = graph_.nodes[b];
       std::string message = "min-cut: the recompute constraints cannot be met: backward node '" + node.name +
                             "' reads " + quoted(graph_, input);
       std::int32_t current = input;
@@ -488,7 +517,7 @@ Solver::Network Solver::build_network(double lambda) const {
         input_vertices.push_back(x);
       });
     // A replayed random op also keeps its generator state for the backward.
-    const double cost = lambda * seconds_[i] + static_cast<double>(graph_.nodes[i].rng ? graph_.nodes[i].rng_state_bytes : 0);
+    const double cost = lambda * seconds_[i] + static_cast<double>(state_bytes_[i]);
     std::int32_t in = kNone;
     bool own_in = false;
     if (never_recompute_[i]) {
@@ -606,18 +635,17 @@ Cut Solver::solve(double lambda) const {
   }
   for (auto v : candidates_) {
     auto i = static_cast<std::size_t>(v);
-    const Node& node = graph_.nodes[i];
     const Policy tag = tags_[i];
     if (recomputed[i]) {
       cut.recomputed.push_back(v);
-      double seconds = recompute_seconds(graph_, v, options_.cost);
+      double seconds = plain_seconds_[i];  // recompute_seconds(graph_, v, options_.cost)
       cut.recompute_seconds += seconds;  // each <= 1e30 s (cost.h): finite
-      cut.recompute_flops = add_finite(cut.recompute_flops, node.flops);
+      cut.recompute_flops = add_finite(cut.recompute_flops, flops_[i]);
       cut.biased_seconds += seconds_[i];
       cut.policies[i] = tag == Policy::MustRecompute ? Policy::MustRecompute : Policy::PreferRecompute;
     } else if (saved[i]) {
       cut.saved.push_back(v);
-      cut.saved_bytes = add_bytes(cut.saved_bytes, node.output_bytes());
+      cut.saved_bytes = add_bytes(cut.saved_bytes, index_.output_bytes[i]);
       cut.biased_bytes += save_bytes_[i];
       if (tag != Policy::None) cut.policies[i] = never_recompute_[i] ? Policy::MustSave : Policy::PreferSave;
     }
@@ -634,13 +662,8 @@ Cut Solver::solve(double lambda) const {
     if (forward_value(input) && free_[x] && cut.policies[x] == Policy::PreferRecompute)
       cut.policies[x] = Policy::PreferSave;
   };
-  for (std::size_t b = 0; b < n; ++b) {
-    const Node& node = graph_.nodes[b];
-    if (node.is_backward() && node.kind != NodeKind::Output)
-      for (auto input : node.inputs) keep_free(input);
-  }
-  for (auto v : cut.recomputed)
-    for (auto input : graph_.nodes[static_cast<std::size_t>(v)].inputs) keep_free(input);
+  for (auto x : free_backward_reads_) keep_free(x);  // what backward nodes read (each once: keep_free is idempotent)
+  for (auto v : cut.recomputed) for_inputs(static_cast<std::size_t>(v), keep_free);
   cut.stats.saved_values = cut.saved.size();
   cut.stats.recomputed_nodes = cut.recomputed.size();
   if (cut.stats.capacity_unit > 1.0)

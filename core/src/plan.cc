@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <variant>
 
 #include <nlohmann/json.hpp>
@@ -9,6 +11,7 @@
 #include "hyper_ac/mincut.h"
 #include "hyper_ac/saturate.h"
 #include "hyper_ac/simulate.h"
+#include "schedule.h"
 
 namespace hyper_ac {
 
@@ -84,6 +87,46 @@ RematOptions unit_schedule(const Scope& scope) {
   return options;
 }
 
+// evaluate() over a prebuilt node index: plan() builds it once for every
+// evaluation (each frontier point) and the memory estimate before them.
+// Per node, recompute_seconds (cost.h) once computed; NaN = not yet. Shared by
+// the evaluations of one plan (the frontier points replay mostly the same nodes).
+using SecondsCache = std::vector<double>;
+
+Evaluation evaluate_indexed(const Graph& graph, const detail::NodeIndex& index, const std::vector<Policy>& policies,
+                            const CostOptions& cost, const RematOptions& remat, SecondsCache* seconds = nullptr) {
+  Evaluation evaluation;
+  auto stage = Clock::now();
+  evaluation.remat = detail::plan_remat(graph, index, policies, remat);
+  evaluation.remat_seconds = seconds_since(stage);
+  stage = Clock::now();
+  const SimulateResult simulated = detail::simulate_memory(graph, index, &evaluation.remat, {});
+  evaluation.simulate_seconds = seconds_since(stage);
+  evaluation.saved_bytes = evaluation.remat.stats.saved_bytes_after;
+  evaluation.recompute_flops = evaluation.remat.stats.recompute_flops;
+  evaluation.nodes_duplicated = evaluation.remat.duplicates.size();
+  if (cost.compiler == Compiler::Eager && seconds != nullptr) {
+    // recompute_seconds(graph, replayed, cost) under eager: the sum of the
+    // duplicates' own times, in duplicate order.
+    if (seconds->size() != graph.nodes.size()) seconds->assign(graph.nodes.size(), std::numeric_limits<double>::quiet_NaN());
+    double total = 0.0;
+    for (const auto& dup : evaluation.remat.duplicates) {
+      double& own = (*seconds)[static_cast<std::size_t>(dup.of)];
+      if (std::isnan(own)) own = recompute_seconds(graph, dup.of, cost);
+      total = add_finite(total, own);
+    }
+    evaluation.recompute_seconds = total;
+  } else {
+    std::vector<std::int32_t> replayed;
+    replayed.reserve(evaluation.remat.duplicates.size());
+    for (const auto& dup : evaluation.remat.duplicates) replayed.push_back(dup.of);
+    evaluation.recompute_seconds = recompute_seconds(graph, replayed, cost);
+  }
+  evaluation.simulated_peak_bytes = simulated.peak_bytes_with_resident;
+  evaluation.simulated_activation_peak_bytes = simulated.peak_bytes;
+  return evaluation;
+}
+
 // The budget as a simulated peak (everything resident included). Absolute
 // sizes are that peak. A fraction f keeps f of the all-saved activation bytes:
 // the all-saved step's peak less (1 - f) of the activations its backward reads.
@@ -98,8 +141,8 @@ std::int64_t budget_target(const Graph& graph, const MemoryBudget& budget, const
 
 // Budget mode: the least-recompute point of the Pareto frontier whose
 // simulated peak fits; none fits -> the smallest peak, with a warning.
-Evaluation choose_within_budget(const Graph& graph, const Config& config, const StageOptions& stages,
-                                const SimulateResult& all_saved, PlanResult& result) {
+Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& index, const Config& config,
+                                const StageOptions& stages, const SimulateResult& all_saved, PlanResult& result) {
   const std::int64_t target = budget_target(graph, config.mincut.memory_budget, all_saved);
   result.stats.budget_bytes = target;
   auto stage = Clock::now();
@@ -108,8 +151,9 @@ Evaluation choose_within_budget(const Graph& graph, const Config& config, const 
   Evaluation chosen;
   bool met = false, any = false;
   const RematOptions schedule = unit_schedule(result.scope);  // one copy of the unit map for every point
+  SecondsCache seconds;
   for (const auto& point : frontier.points) {
-    Evaluation evaluation = evaluate(graph, point.policies, stages.cost, schedule);
+    Evaluation evaluation = evaluate_indexed(graph, index, point.policies, stages.cost, schedule, &seconds);
     evaluation.lambda = point.lambda;
     result.timings.remat_seconds += evaluation.remat_seconds + evaluation.simulate_seconds;
     if (evaluation.simulated_peak_bytes <= target) {
@@ -122,7 +166,7 @@ Evaluation choose_within_budget(const Graph& graph, const Config& config, const 
       any = true;
     }
   }
-  if (!any) chosen = evaluate(graph, result.tags.policies, stages.cost, schedule);
+  if (!any) chosen = evaluate_indexed(graph, index, result.tags.policies, stages.cost, schedule, &seconds);
   result.stats.budget_met = met;
   if (!met) {
     result.diagnostics.push_back(
@@ -176,23 +220,7 @@ StageOptions stage_options(const Config& config, const OpPolicyTable& op_policy)
 
 Evaluation evaluate(const Graph& graph, const std::vector<Policy>& policies, const CostOptions& cost,
                     const RematOptions& remat) {
-  Evaluation evaluation;
-  auto stage = Clock::now();
-  evaluation.remat = plan_remat(graph, policies, remat);
-  evaluation.remat_seconds = seconds_since(stage);
-  stage = Clock::now();
-  const SimulateResult simulated = simulate_memory(graph, &evaluation.remat);
-  evaluation.simulate_seconds = seconds_since(stage);
-  evaluation.saved_bytes = evaluation.remat.stats.saved_bytes_after;
-  evaluation.recompute_flops = evaluation.remat.stats.recompute_flops;
-  evaluation.nodes_duplicated = evaluation.remat.duplicates.size();
-  std::vector<std::int32_t> replayed;
-  replayed.reserve(evaluation.remat.duplicates.size());
-  for (const auto& dup : evaluation.remat.duplicates) replayed.push_back(dup.of);
-  evaluation.recompute_seconds = recompute_seconds(graph, replayed, cost);
-  evaluation.simulated_peak_bytes = simulated.peak_bytes_with_resident;
-  evaluation.simulated_activation_peak_bytes = simulated.peak_bytes;
-  return evaluation;
+  return evaluate_indexed(graph, detail::NodeIndex(graph), policies, cost, remat);
 }
 
 PlanResult plan(const Graph& graph, const PlanOptions& options) {
@@ -213,7 +241,10 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
   StageOptions stages = stage_options(config, options.op_policy);
 
   auto stage = Clock::now();
-  result.scope = resolve_scope(graph, stages.scope);
+  // Compact node facts, built once (counted in the scope stage): scope, tags,
+  // the memory estimates and every evaluation read them instead of the nodes.
+  const detail::NodeIndex index(graph);
+  result.scope = detail::resolve_scope(graph, index, stages.scope);
   stages.mincut.charge_inputs = result.scope.whole_graph;
   result.timings.scope_seconds = seconds_since(stage);
   for (const auto& note : result.scope.diagnostics) result.diagnostics.push_back(note);
@@ -223,12 +254,12 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
   result.stats.regions = result.scope.regions.size();
 
   stage = Clock::now();
-  result.tags = tag_policies(graph, result.scope, stages.tag);
+  result.tags = detail::tag_policies(graph, index, result.scope, stages.tag);
   result.timings.tag_seconds = seconds_since(stage);
   result.stats.user_tagged = result.tags.stats.user_tagged;
 
   stage = Clock::now();
-  const SimulateResult before = simulate_memory(graph, nullptr);
+  const SimulateResult before = detail::simulate_memory(graph, index, nullptr, {});
   result.timings.simulate_seconds += seconds_since(stage);
   result.stats.simulated_peak_before = before.peak_bytes_with_resident;
   result.stats.simulated_activation_peak_before = before.peak_bytes;
@@ -239,12 +270,12 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
     MinCutResult cut = solve_min_cut(graph, result.tags.policies, stages.mincut);
     result.timings.mincut_seconds = seconds_since(stage);
     for (const auto& note : cut.diagnostics) result.diagnostics.push_back(note);
-    evaluation = evaluate(graph, cut.policies, stages.cost, unit_schedule(result.scope));
+    evaluation = evaluate_indexed(graph, index, cut.policies, stages.cost, unit_schedule(result.scope));
     evaluation.lambda = cut.lambda;
   } else if (config.mode == Mode::Budget) {
-    evaluation = choose_within_budget(graph, config, stages, before, result);
+    evaluation = choose_within_budget(graph, index, config, stages, before, result);
   } else {
-    evaluation = evaluate(graph, result.tags.policies, stages.cost, unit_schedule(result.scope));
+    evaluation = evaluate_indexed(graph, index, result.tags.policies, stages.cost, unit_schedule(result.scope));
   }
   result.timings.remat_seconds += evaluation.remat_seconds;
   result.timings.simulate_seconds += evaluation.simulate_seconds;
@@ -287,8 +318,10 @@ std::vector<Evaluation> pareto(const Graph& graph, const PlanOptions& options) {
   ParetoResult frontier = pareto(graph, tags.policies, stages.mincut);
   std::vector<Evaluation> points;
   const RematOptions schedule = unit_schedule(scope);
+  const detail::NodeIndex index(graph);
+  SecondsCache seconds;
   for (const auto& point : frontier.points) {
-    points.push_back(evaluate(graph, point.policies, stages.cost, schedule));
+    points.push_back(evaluate_indexed(graph, index, point.policies, stages.cost, schedule, &seconds));
     points.back().lambda = point.lambda;
   }
   return points;

@@ -1,12 +1,11 @@
 #include "hyper_ac/remat.h"
 
 #include <algorithm>
-#include <unordered_map>
-#include <unordered_set>
 
 #include "hyper_ac/alias.h"
 #include "hyper_ac/saturate.h"
 #include "hyper_ac/simulate.h"
+#include "schedule.h"
 
 namespace hyper_ac {
 
@@ -21,10 +20,6 @@ bool recomputable(const Graph& graph, const std::vector<Policy>& policies, std::
 // A backward node that may take a recomputed copy. The output node is not one:
 // forward outputs must come from the forward itself.
 bool backward_consumer(const Node& node) { return node.is_backward() && node.kind != NodeKind::Output; }
-
-bool is_activation(const Node& node) {
-  return node.is_forward() && node.kind == NodeKind::CallFunction;
-}
 
 std::string name_of(const Graph& graph, std::int32_t index) {
   if (index < 0 || static_cast<std::size_t>(index) >= graph.nodes.size()) return "#" + std::to_string(index);
@@ -62,9 +57,28 @@ std::size_t pin_tuple_projections(const Graph& graph, std::vector<Policy>& polic
   std::size_t changed = 0;
   for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
     const Node& node = graph.nodes[i];
-    if (node.target != "operator.getitem" || node.inputs.empty() || !recomputable(graph, policies, i)) continue;
+    if (!is_getitem(node) || node.inputs.empty() || !recomputable(graph, policies, i)) continue;
     auto producer = static_cast<std::size_t>(node.inputs.front());
     if (recomputable(graph, policies, producer)) continue;
+    policies[i] = Policy::MustSave;
+    ++changed;
+  }
+  return changed;
+}
+
+std::size_t detail::pin_tuple_projections(const NodeIndex& index, std::vector<Policy>& policies) {
+  // As the public one, off the index: recomputable() is the policy plus a forward
+  // call_function node that is not a duplicate of an earlier pass.
+  auto recomputable_at = [&](std::size_t i) {
+    return is_recompute(policies[i]) && index.forward(i) && index.has(i, NodeIndex::kCallFunction) &&
+           !index.has(i, NodeIndex::kRecomputedFrom);
+  };
+  std::size_t changed = 0;
+  for (std::size_t i = 0; i < index.size(); ++i) {
+    if (!index.has(i, NodeIndex::kGetitem) || index.input_start[i] == index.input_start[i + 1] || !recomputable_at(i))
+      continue;
+    auto producer = static_cast<std::size_t>(index.inputs[static_cast<std::size_t>(index.input_start[i])]);
+    if (recomputable_at(producer)) continue;
     policies[i] = Policy::MustSave;
     ++changed;
   }
@@ -85,21 +99,26 @@ struct Schedule {
 
 class ReplayScheduler {
  public:
-  ReplayScheduler(const Graph& graph, const std::vector<Policy>& policies, const std::vector<std::int32_t>& node_unit)
-      : graph_(graph), n_(graph.nodes.size()), recomputable_(n_, 0), unit_(node_unit) {
+  ReplayScheduler(const Graph& graph, const detail::NodeIndex& index, const std::vector<Policy>& policies,
+                  const std::vector<std::int32_t>& node_unit)
+      : graph_(graph), index_(index), n_(graph.nodes.size()), recomputable_(n_, 0), unit_(node_unit) {
     if (!unit_.empty() && unit_.size() != n_)
       throw std::invalid_argument("plan_remat: node_unit has " + std::to_string(unit_.size()) + " entries for " +
                                   std::to_string(n_) + " nodes");
-    for (std::size_t i = 0; i < n_; ++i) recomputable_[i] = recomputable(graph, policies, i) ? 1 : 0;
+    using Flag = detail::NodeIndex::Flag;
+    for (std::size_t i = 0; i < n_; ++i)  // recomputable(), off the index
+      recomputable_[i] = is_recompute(policies[i]) && index.forward(i) && index.has(i, Flag::kCallFunction) &&
+                                 !index.has(i, Flag::kRecomputedFrom)
+                             ? 1
+                             : 0;
     // Consumers and their segments.
     std::int32_t current = -2;
     for (std::size_t b = 0; b < n_; ++b) {
-      const Node& node = graph.nodes[b];
-      if (!backward_consumer(node)) continue;
+      if (!index.backward_consumer(b)) continue;
       std::int32_t first_unit = -1;
       bool reads = false;
-      for (auto input : node.inputs)
-        if (recomputable_[static_cast<std::size_t>(input)]) {
+      for (auto e = index.input_start[b]; e < index.input_start[b + 1]; ++e)
+        if (const auto input = index.inputs[static_cast<std::size_t>(e)]; recomputable_[static_cast<std::size_t>(input)]) {
           reads = true;
           if (first_unit < 0) first_unit = unit_of(input);
         }
@@ -159,7 +178,8 @@ class ReplayScheduler {
       std::vector<std::int32_t> made;
       for (std::size_t c = segment_start_[s]; c < segment_start_[s + 1]; ++c) {
         const std::int32_t b = consumers_[c];
-        for (auto input : graph_.nodes[static_cast<std::size_t>(b)].inputs) {
+        for (auto e = index_.input_start[static_cast<std::size_t>(b)]; e < index_.input_start[static_cast<std::size_t>(b) + 1]; ++e) {
+          const auto input = index_.inputs[static_cast<std::size_t>(e)];
           auto x = static_cast<std::size_t>(input);
           if (!recomputable_[x]) continue;
           stack.push_back(input);
@@ -172,7 +192,8 @@ class ReplayScheduler {
             segment_copy[v] = static_cast<std::int32_t>(pending.size());
             pending.push_back({static_cast<std::int32_t>(v), b});
             made.push_back(static_cast<std::int32_t>(v));
-            for (auto in : graph_.nodes[v].inputs) stack.push_back(in);
+            for (auto k = index_.input_start[v]; k < index_.input_start[v + 1]; ++k)
+              stack.push_back(index_.inputs[static_cast<std::size_t>(k)]);
           }
           reads.emplace_back(b, input);
           read_copy.push_back(copy_segment[x] == seg ? segment_copy[x] : kept_copy[x]);
@@ -215,6 +236,7 @@ class ReplayScheduler {
   std::int32_t unit_of(std::int32_t i) const { return unit_.empty() ? -1 : unit_[static_cast<std::size_t>(i)]; }
 
   const Graph& graph_;
+  const detail::NodeIndex& index_;
   std::size_t n_;
   std::vector<char> recomputable_;
   std::vector<std::int32_t> unit_;
@@ -227,16 +249,24 @@ class ReplayScheduler {
 }  // namespace
 
 RematPlan plan_remat(const Graph& graph, const std::vector<Policy>& requested, const RematOptions& options) {
+  if (requested.size() != graph.nodes.size())
+    throw std::invalid_argument("plan_remat: " + std::to_string(requested.size()) + " policies for " +
+                                std::to_string(graph.nodes.size()) + " nodes");
+  return detail::plan_remat(graph, detail::NodeIndex(graph), requested, options);
+}
+
+RematPlan detail::plan_remat(const Graph& graph, const NodeIndex& index, const std::vector<Policy>& requested,
+                             const RematOptions& options) {
   const std::size_t n = graph.nodes.size();
   if (requested.size() != n)
     throw std::invalid_argument("plan_remat: " + std::to_string(requested.size()) + " policies for " + std::to_string(n) +
                                 " nodes");
   RematPlan plan;
   plan.policies = requested;
-  plan.stats.pinned_projections = pin_tuple_projections(graph, plan.policies);
+  plan.stats.pinned_projections = detail::pin_tuple_projections(index, plan.policies);
   const std::vector<Policy>& policies = plan.policies;
 
-  const ReplayScheduler scheduler(graph, policies, options.node_unit);
+  const ReplayScheduler scheduler(graph, index, policies, options.node_unit);
   const std::size_t owners = scheduler.owners().size();
   std::vector<std::vector<char>> choices;
   if (owners == 0) {
@@ -267,7 +297,7 @@ RematPlan plan_remat(const Graph& graph, const std::vector<Policy>& requested, c
       trial.duplicates = candidate.duplicates;
       trial.redirects = candidate.redirects;
       trial.erase = erasable(graph, trial);
-      const std::int64_t peak = simulate_memory(graph, &trial).peak_bytes;
+      const std::int64_t peak = detail::simulate_memory(graph, index, &trial, {}).peak_bytes;
       if (!have || peak < best_peak || (peak == best_peak && candidate.flops < best.flops)) {
         best = std::move(candidate);
         best_peak = peak;
@@ -290,33 +320,38 @@ RematPlan plan_remat(const Graph& graph, const std::vector<Policy>& requested, c
 
   // What the backward reads from the forward, before and after the rewrite.
   std::vector<char> saved_before(n, 0), saved_after(n, 0);
+  using Flag = NodeIndex::Flag;
+  // An activation: a forward call_function node.
+  auto activation = [&](std::size_t i) { return index.forward(i) && index.has(i, Flag::kCallFunction); };
   for (std::size_t b = 0; b < n; ++b) {
-    if (!backward_consumer(graph.nodes[b])) continue;
-    for (auto input : graph.nodes[b].inputs) {
-      auto x = static_cast<std::size_t>(input);
-      if (!graph.nodes[x].is_forward()) continue;
+    if (!index.backward_consumer(b)) continue;
+    for (auto e = index.input_start[b]; e < index.input_start[b + 1]; ++e) {
+      auto x = static_cast<std::size_t>(index.inputs[static_cast<std::size_t>(e)]);
+      if (!index.forward(x)) continue;
       saved_before[x] = 1;
       if (!duplicated[x]) saved_after[x] = 1;
     }
   }
-  for (const auto& dup : plan.duplicates)
-    for (auto input : graph.nodes[static_cast<std::size_t>(dup.of)].inputs) {
-      auto x = static_cast<std::size_t>(input);
-      if (graph.nodes[x].is_forward() && !duplicated[x]) saved_after[x] = 1;
+  for (const auto& dup : plan.duplicates) {
+    const auto of = static_cast<std::size_t>(dup.of);
+    for (auto e = index.input_start[of]; e < index.input_start[of + 1]; ++e) {
+      auto x = static_cast<std::size_t>(index.inputs[static_cast<std::size_t>(e)]);
+      if (index.forward(x) && !duplicated[x]) saved_after[x] = 1;
     }
+  }
   // Bytes by storage: a saved view keeps its base alive, and a base counts once.
-  const auto roots = storage_roots(graph);
+  const auto& roots = index.storage_root;
   std::vector<char> counted_before(n, 0), counted_after(n, 0);
   auto count = [&](std::size_t i, std::vector<char>& counted, std::size_t& values, std::int64_t& bytes) {
     ++values;
     auto root = static_cast<std::size_t>(roots[i]);
-    if (!is_activation(graph.nodes[root]) || counted[root]) return;
+    if (!activation(root) || counted[root]) return;
     counted[root] = 1;
-    bytes = add_bytes(bytes, graph.nodes[root].output_bytes());
+    bytes = add_bytes(bytes, index.output_bytes[root]);
   };
   for (std::size_t i = 0; i < n; ++i) {
     if (saved_after[i]) plan.saved.push_back(static_cast<std::int32_t>(i));
-    if (!is_activation(graph.nodes[i])) continue;
+    if (!activation(i)) continue;
     if (saved_before[i]) count(i, counted_before, plan.stats.saved_values_before, plan.stats.saved_bytes_before);
     if (saved_after[i]) count(i, counted_after, plan.stats.saved_values_after, plan.stats.saved_bytes_after);
   }
@@ -332,80 +367,56 @@ RematPlan plan_remat(const Graph& graph, const std::vector<Policy>& requested, c
     plan.stats.saved_bytes_after += node.rng_state_bytes;
   }
 
-  if (options.validate) validate_plan(graph, plan);
+  if (options.validate) detail::validate_plan(graph, index, plan);
   return plan;
 }
 
 std::vector<ScheduleStep> rewritten_schedule(const Graph& graph, const RematPlan& plan) {
-  const std::size_t n = graph.nodes.size();
-  std::vector<std::vector<std::int32_t>> dups_before(n);
-  for (std::size_t d = 0; d < plan.duplicates.size(); ++d) {
-    const Duplicate& dup = plan.duplicates[d];
-    if (dup.before < 0 || static_cast<std::size_t>(dup.before) >= n || dup.of < 0 || static_cast<std::size_t>(dup.of) >= n)
-      throw PlanError("duplicate #" + std::to_string(d) + " names a node outside the graph");
-    dups_before[static_cast<std::size_t>(dup.before)].push_back(static_cast<std::int32_t>(d));
-  }
-  std::vector<char> erased(n, 0);
-  for (auto e : plan.erase) {
-    if (e < 0 || static_cast<std::size_t>(e) >= n) throw PlanError("erase names a node outside the graph");
-    erased[static_cast<std::size_t>(e)] = 1;
-  }
-  std::unordered_map<std::uint64_t, std::int32_t> redirected;  // (consumer, input) -> copy index, -1 = latest
-  for (const auto& r : plan.redirects) {
-    if (r.node < 0 || static_cast<std::size_t>(r.node) >= n || r.input < 0 || static_cast<std::size_t>(r.input) >= n)
-      throw PlanError("a redirect names a node outside the graph");
-    if (r.copy >= 0 && (static_cast<std::size_t>(r.copy) >= plan.duplicates.size() || plan.duplicates[static_cast<std::size_t>(r.copy)].of != r.input))
-      throw PlanError("redirect of '" + graph.nodes[static_cast<std::size_t>(r.node)].name + "' names copy #" +
-                      std::to_string(r.copy) + ", which is not a duplicate of '" +
-                      graph.nodes[static_cast<std::size_t>(r.input)].name + "'");
-    redirected[(static_cast<std::uint64_t>(static_cast<std::uint32_t>(r.node)) << 32) | static_cast<std::uint32_t>(r.input)] = r.copy;
-  }
-  std::vector<std::int32_t> copy_step(plan.duplicates.size(), -1);
-
-  std::vector<std::int32_t> original_step(n, -1), duplicate_step(n, -1);
-  std::vector<ScheduleStep> schedule;
-  schedule.reserve(n + plan.duplicates.size());
-  for (std::size_t i = 0; i < n; ++i) {
-    for (auto d : dups_before[i]) {
-      const Duplicate& dup = plan.duplicates[static_cast<std::size_t>(d)];
-      ScheduleStep step;
-      step.node = dup.of;
-      step.duplicate = true;
-      for (auto input : graph.nodes[static_cast<std::size_t>(dup.of)].inputs) {
-        auto x = static_cast<std::size_t>(input);
-        step.inputs.push_back(duplicate_step[x] >= 0 ? duplicate_step[x] : original_step[x]);
-      }
-      duplicate_step[static_cast<std::size_t>(dup.of)] = static_cast<std::int32_t>(schedule.size());
-      copy_step[static_cast<std::size_t>(d)] = static_cast<std::int32_t>(schedule.size());
-      schedule.push_back(std::move(step));
-    }
-    if (erased[i]) continue;
-    ScheduleStep step;
-    step.node = static_cast<std::int32_t>(i);
-    for (auto input : graph.nodes[i].inputs) {
-      auto x = static_cast<std::size_t>(input);
-      auto via = redirected.find((static_cast<std::uint64_t>(i) << 32) | static_cast<std::uint32_t>(input));
-      if (via == redirected.end())
-        step.inputs.push_back(original_step[x]);
-      else
-        step.inputs.push_back(via->second >= 0 ? copy_step[static_cast<std::size_t>(via->second)] : duplicate_step[x]);
-    }
-    original_step[i] = static_cast<std::int32_t>(schedule.size());
-    schedule.push_back(std::move(step));
+  const detail::FlatSchedule flat = detail::flat_schedule(graph, detail::NodeIndex(graph), plan);
+  std::vector<ScheduleStep> schedule(flat.size());
+  for (std::size_t s = 0; s < flat.size(); ++s) {
+    schedule[s].node = flat.node[s];
+    schedule[s].duplicate = flat.duplicate[s] != 0;
+    schedule[s].inputs.assign(flat.inputs.begin() + flat.start[s], flat.inputs.begin() + flat.start[s + 1]);
   }
   return schedule;
 }
 
-void validate_plan(const Graph& graph, const RematPlan& plan) {
+void validate_plan(const Graph& graph, const RematPlan& plan) { detail::validate_plan(graph, detail::NodeIndex(graph), plan); }
+
+void detail::validate_plan(const Graph& graph, const NodeIndex& index, const RematPlan& plan) {
   const std::size_t n = graph.nodes.size();
   std::vector<char> has_dup(n, 0);
-  std::unordered_set<std::uint64_t> placed;
-  for (const auto& dup : plan.duplicates) {
-    if (dup.of < 0 || static_cast<std::size_t>(dup.of) >= n || dup.before < 0 || static_cast<std::size_t>(dup.before) >= n)
-      throw PlanError("a duplicate names a node outside the graph");
+  // repeated[d]: an earlier duplicate has the same (of, before). Found per
+  // insertion point (a counting sort keeps list order) with a stamp per `of`.
+  const std::size_t dups = plan.duplicates.size();
+  auto in_graph = [&](const Duplicate& dup) {
+    return dup.of >= 0 && static_cast<std::size_t>(dup.of) < n && dup.before >= 0 && static_cast<std::size_t>(dup.before) < n;
+  };
+  std::vector<char> repeated(dups, 0);
+  {
+    std::vector<std::int32_t> start(n + 1, 0);
+    for (const auto& dup : plan.duplicates)
+      if (in_graph(dup)) ++start[static_cast<std::size_t>(dup.before) + 1];
+    for (std::size_t i = 0; i < n; ++i) start[i + 1] += start[i];
+    std::vector<std::int32_t> by_before(static_cast<std::size_t>(start[n]));
+    for (std::size_t d = 0; d < dups; ++d)
+      if (in_graph(plan.duplicates[d]))
+        by_before[static_cast<std::size_t>(start[static_cast<std::size_t>(plan.duplicates[d].before)]++)] = static_cast<std::int32_t>(d);
+    std::vector<std::int32_t> stamp(n, -1);
+    for (auto d : by_before) {
+      const Duplicate& dup = plan.duplicates[static_cast<std::size_t>(d)];
+      auto& mark = stamp[static_cast<std::size_t>(dup.of)];
+      if (mark == dup.before) repeated[static_cast<std::size_t>(d)] = 1;
+      mark = dup.before;
+    }
+  }
+  for (std::size_t d = 0; d < dups; ++d) {
+    const Duplicate& dup = plan.duplicates[d];
+    if (!in_graph(dup)) throw PlanError("a duplicate names a node outside the graph");
     const Node& original = graph.nodes[static_cast<std::size_t>(dup.of)];
     const Node& before = graph.nodes[static_cast<std::size_t>(dup.before)];
-    if (!placed.insert((static_cast<std::uint64_t>(static_cast<std::uint32_t>(dup.of)) << 32) | static_cast<std::uint32_t>(dup.before)).second)
+    if (repeated[d])
       throw PlanError("node " + name_of(graph, dup.of) + " is duplicated twice before " + name_of(graph, dup.before));
     has_dup[static_cast<std::size_t>(dup.of)] = 1;
     if (!original.is_forward() || original.kind != NodeKind::CallFunction)
@@ -427,14 +438,15 @@ void validate_plan(const Graph& graph, const RematPlan& plan) {
     if (std::find(inputs.begin(), inputs.end(), r.input) == inputs.end())
       throw PlanError("redirect of " + name_of(graph, r.node) + " names " + name_of(graph, r.input) + ", which it does not read");
   }
-  auto schedule = rewritten_schedule(graph, plan);
+  const detail::FlatSchedule schedule = detail::flat_schedule(graph, index, plan);
   for (std::size_t s = 0; s < schedule.size(); ++s) {
-    const ScheduleStep& step = schedule[s];
-    const Node& node = graph.nodes[static_cast<std::size_t>(step.node)];
-    for (std::size_t k = 0; k < step.inputs.size(); ++k) {
-      if (step.inputs[k] >= 0 && static_cast<std::size_t>(step.inputs[k]) < s) continue;
-      std::string who = step.duplicate ? "the duplicate of " + name_of(graph, step.node) : name_of(graph, step.node);
-      throw PlanError(who + " reads " + name_of(graph, node.inputs[k]) + " before it is available in the rewritten graph");
+    const auto first = static_cast<std::size_t>(schedule.start[s]), last = static_cast<std::size_t>(schedule.start[s + 1]);
+    for (std::size_t k = first; k < last; ++k) {
+      if (schedule.inputs[k] >= 0 && static_cast<std::size_t>(schedule.inputs[k]) < s) continue;
+      const std::int32_t step_node = schedule.node[s];
+      const Node& node = graph.nodes[static_cast<std::size_t>(step_node)];
+      std::string who = schedule.duplicate[s] ? "the duplicate of " + name_of(graph, step_node) : name_of(graph, step_node);
+      throw PlanError(who + " reads " + name_of(graph, node.inputs[k - first]) + " before it is available in the rewritten graph");
     }
   }
 }

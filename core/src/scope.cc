@@ -6,8 +6,12 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
+
+#include "schedule.h"
+#include "string_ids.h"
 
 namespace hyper_ac {
 
@@ -39,8 +43,10 @@ std::vector<ModuleFrame> module_universe(const Graph& graph) {
     return frames;
   }
   std::map<std::string, std::string> seen;
+  std::unordered_set<std::string_view> listed;  // each distinct FQN enters the sorted map once
   for (const auto& stack : graph.stacks)
-    for (const auto& frame : stack) seen.emplace(frame.fqn, frame.type);
+    for (const auto& frame : stack)
+      if (listed.insert(std::string_view(frame.fqn)).second) seen.emplace(frame.fqn, frame.type);
   std::vector<ModuleFrame> frames;
   for (auto& [fqn, type] : seen) frames.push_back({fqn, type});
   return frames;
@@ -70,37 +76,79 @@ std::vector<std::string> outermost_matches(const std::vector<ModuleFrame>& unive
   return outermost;
 }
 
-// Index of the root containing fqn (walking up its dotted prefixes), or -1.
-std::int32_t find_root(const std::unordered_map<std::string, std::int32_t>& roots, const std::string& fqn) {
-  std::string current = fqn;
-  while (true) {
-    auto it = roots.find(current);
-    if (it != roots.end()) return it->second;
-    if (current.empty()) return -1;
-    current = parent_of(current);
-    if (current.empty()) {
-      auto top = roots.find("");
-      return top == roots.end() ? -1 : top->second;
-    }
-  }
+std::string_view parent_view(std::string_view fqn) {
+  auto dot = fqn.rfind('.');
+  return dot == std::string_view::npos ? std::string_view() : fqn.substr(0, dot);
 }
 
+// Index of the root containing an FQN (walking up its dotted prefixes: the
+// FQN itself, its parent, ..., then the root module ""), or -1. Memoised per
+// prefix: each distinct module prefix is looked up once however many module
+// stacks name it. The roots and the FQNs asked about must outlive the finder
+// (string views into them are kept).
+class RootFinder {
+ public:
+  explicit RootFinder(const std::vector<std::string>& roots) : roots_(roots.size()) {
+    for (std::size_t i = 0; i < roots.size(); ++i)
+      if (roots_.insert(std::string_view(roots[i])).second) root_index_.push_back(static_cast<std::int32_t>(i));
+  }
+  bool empty() const { return roots_.size() == 0; }
+  std::int32_t find(std::string_view fqn) {
+    if (empty()) return -1;
+    auto [id, fresh] = memo_.insert(fqn);
+    if (!fresh) return memo_value_[static_cast<std::size_t>(id)];
+    memo_value_.push_back(-1);
+    std::int32_t found;
+    const std::int32_t root = roots_.find(fqn);
+    if (root >= 0) {
+      found = root_index_[static_cast<std::size_t>(root)];
+    } else if (fqn.empty()) {
+      found = -1;
+    } else {
+      std::string_view parent = parent_view(fqn);
+      if (parent.empty()) {
+        const std::int32_t top = roots_.find(std::string_view());
+        found = top < 0 ? -1 : root_index_[static_cast<std::size_t>(top)];
+      } else {
+        found = find(parent);
+      }
+    }
+    memo_value_[static_cast<std::size_t>(id)] = found;
+    return found;
+  }
+
+ private:
+  detail::StringIds roots_;             // the roots' names; the first listing of a name wins
+  std::vector<std::int32_t> root_index_;  // per name id: its index in the roots
+  detail::StringIds memo_;              // the FQNs looked up so far
+  std::vector<std::int32_t> memo_value_;  // per FQN id: its root, -1 = none
+};
+
 }  // namespace
+
+namespace {
 
 // Without a live model: repeated children of one container with the same
 // type. A container never runs a forward of its own, so it never shows up as a
 // frame; nested repeats (experts inside a layer) are left to the outer unit.
-std::vector<ModuleFrame> units_from_stacks(const Graph& graph) {
+// stack_of(i) is node i's Node::stack (off the graph or the node index).
+template <typename StackOf>
+std::vector<ModuleFrame> units_from_stacks_of(const Graph& graph, StackOf&& stack_of) {
   std::map<std::string, std::string> frames;  // fqn -> type, sorted
+  detail::StringIds seen;  // views into graph.stacks
   std::vector<std::string> first_seen;
   // Each interned stack once, in the order nodes first use it: linear in the
   // node count, map work only per distinct stack.
   std::vector<char> stack_seen(graph.stacks.size(), 0);
-  for (const auto& node : graph.nodes) {
-    if (node.stack < 0 || stack_seen[static_cast<std::size_t>(node.stack)]) continue;
-    stack_seen[static_cast<std::size_t>(node.stack)] = 1;
-    for (const auto& frame : graph.stack_of(node))
-      if (frames.emplace(frame.fqn, frame.type).second) first_seen.push_back(frame.fqn);
+  for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
+    const std::int32_t stack = stack_of(i);
+    if (stack < 0 || stack_seen[static_cast<std::size_t>(stack)]) continue;
+    stack_seen[static_cast<std::size_t>(stack)] = 1;
+    for (const auto& frame : graph.stacks[static_cast<std::size_t>(stack)])
+      if (seen.insert(std::string_view(frame.fqn)).second) {
+        frames.emplace(frame.fqn, frame.type);
+        first_seen.push_back(frame.fqn);
+      }
   }
   std::map<std::string, std::map<std::string, std::vector<std::string>>> children;  // parent -> type -> fqns
   for (const auto& fqn : first_seen) {
@@ -135,10 +183,26 @@ std::vector<ModuleFrame> units_from_stacks(const Graph& graph) {
     }
   }
   // Discovery order = order of first appearance in the graph.
-  std::unordered_map<std::string, std::size_t> order;
-  for (std::size_t i = 0; i < first_seen.size(); ++i) order.emplace(first_seen[i], i);
-  std::stable_sort(units.begin(), units.end(), [&](const ModuleFrame& a, const ModuleFrame& b) { return order[a.fqn] < order[b.fqn]; });
-  return units;
+  std::unordered_map<std::string_view, std::size_t> order;
+  for (std::size_t i = 0; i < first_seen.size(); ++i) order.emplace(std::string_view(first_seen[i]), i);
+  std::vector<std::pair<std::size_t, std::size_t>> keyed;  // (first appearance, position in units)
+  keyed.reserve(units.size());
+  for (std::size_t u = 0; u < units.size(); ++u) keyed.emplace_back(order[std::string_view(units[u].fqn)], u);
+  std::sort(keyed.begin(), keyed.end());  // the position breaks ties: stable
+  std::vector<ModuleFrame> sorted;
+  sorted.reserve(units.size());
+  for (const auto& [first, u] : keyed) sorted.push_back(std::move(units[u]));
+  return sorted;
+}
+
+}  // namespace
+
+std::vector<ModuleFrame> units_from_stacks(const Graph& graph) {
+  return units_from_stacks_of(graph, [&](std::size_t i) { return graph.nodes[i].stack; });
+}
+
+std::vector<ModuleFrame> detail::units_from_stacks(const Graph& graph, const NodeIndex& index) {
+  return units_from_stacks_of(graph, [&](std::size_t i) { return index.stack[i]; });
 }
 
 std::vector<ModuleFrame> units_from_model(const ModelFacts& model) {
@@ -224,6 +288,19 @@ UnitDiscovery discover_units(const Graph& graph) {
   return found;
 }
 
+namespace {
+
+// discover_units over the node index.
+UnitDiscovery discover_units(const Graph& graph, const detail::NodeIndex& index) {
+  UnitDiscovery found;
+  if (graph.model.present) found.units = units_from_model(graph.model);
+  found.from_model = !found.units.empty();
+  if (!found.from_model) found.units = detail::units_from_stacks(graph, index);
+  return found;
+}
+
+}  // namespace
+
 const char* to_string(ScopeRule rule) {
   switch (rule) {
     case ScopeRule::Auto: return "auto";
@@ -236,7 +313,8 @@ const char* to_string(ScopeRule rule) {
 namespace {
 
 // One region, named "" (the root), over every forward node; exclusions still apply.
-Scope whole_graph_scope(const Graph& graph, const ScopeOptions& options, const std::string& why) {
+Scope whole_graph_scope(const Graph& graph, const detail::NodeIndex& index, const ScopeOptions& options,
+                        const std::string& why) {
   if (options.layer_count || options.layer_indices)
     throw ScopeError("selection.layer_count / layer_indices select units, but the scope is the whole graph (" + why +
                      "); drop the selection or use scope: units");
@@ -244,25 +322,24 @@ Scope whole_graph_scope(const Graph& graph, const ScopeOptions& options, const s
   scope.whole_graph = true;
   scope.regions.push_back("");
   scope.region_output_recompute.push_back(false);
-  const std::vector<ModuleFrame> universe = module_universe(graph);
   if (!options.exclude.empty()) {
+    const std::vector<ModuleFrame> universe = module_universe(graph);
     std::vector<bool> used(options.exclude.size(), false);
     scope.excluded = outermost_matches(universe, {}, options.exclude, used);
     for (std::size_t p = 0; p < used.size(); ++p)
       if (!used[p]) throw ScopeError("exclude pattern '" + options.exclude[p] + "' matches no module");
   }
-  std::unordered_map<std::string, std::int32_t> excluded_index;
-  for (std::size_t i = 0; i < scope.excluded.size(); ++i) excluded_index.emplace(scope.excluded[i], static_cast<std::int32_t>(i));
+  RootFinder excluded_root(scope.excluded);
   scope.node_region.assign(graph.nodes.size(), -1);
   scope.node_unit.assign(graph.nodes.size(), -1);
   scope.node_excluded.assign(graph.nodes.size(), false);
   for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
-    const Node& node = graph.nodes[i];
-    if (!node.is_forward()) continue;
+    if (!index.forward(i)) continue;
     scope.node_region[i] = 0;
-    if (node.stack < 0 || excluded_index.empty()) continue;
-    for (const auto& frame : graph.stacks[static_cast<std::size_t>(node.stack)])
-      if (find_root(excluded_index, frame.fqn) >= 0) {
+    const std::int32_t stack = index.stack[i];
+    if (stack < 0 || excluded_root.empty()) continue;
+    for (const auto& frame : graph.stacks[static_cast<std::size_t>(stack)])
+      if (excluded_root.find(frame.fqn) >= 0) {
         scope.node_excluded[i] = true;
         break;
       }
@@ -274,17 +351,22 @@ Scope whole_graph_scope(const Graph& graph, const ScopeOptions& options, const s
 }  // namespace
 
 Scope resolve_scope(const Graph& graph, const ScopeOptions& options) {
-  if (options.rule == ScopeRule::WholeGraph) return whole_graph_scope(graph, options, "scope: whole_graph in the config");
+  return detail::resolve_scope(graph, detail::NodeIndex(graph), options);
+}
+
+Scope detail::resolve_scope(const Graph& graph, const NodeIndex& index, const ScopeOptions& options) {
+  if (options.rule == ScopeRule::WholeGraph)
+    return whole_graph_scope(graph, index, options, "scope: whole_graph in the config");
   Scope scope;
   {
     // No live model, or one without the gradient_checkpointing marker: the
     // repeated blocks are read off the module stacks.
-    UnitDiscovery found = discover_units(graph);
+    UnitDiscovery found = discover_units(graph, index);
     scope.units = std::move(found.units);
     scope.units_from_model = found.from_model;
     if (scope.units.empty() && options.rule == ScopeRule::Auto && options.whole_graph_when_no_units &&
         options.include.empty())
-      return whole_graph_scope(graph, options, "no units found");
+      return whole_graph_scope(graph, index, options, "no units found");
     if (scope.units.empty()) {
       std::string model = graph.model.present
                               ? "model " + (graph.model.type.empty() ? std::string("(unnamed)") : graph.model.type) +
@@ -323,7 +405,9 @@ Scope resolve_scope(const Graph& graph, const ScopeOptions& options) {
   std::vector<std::string> selected_fqns;
   for (auto index : scope.selected_units) selected_fqns.push_back(scope.units[static_cast<std::size_t>(index)].fqn);
 
-  const std::vector<ModuleFrame> universe = module_universe(graph);
+  // The patterns' universe, built only when some pattern needs it.
+  std::vector<ModuleFrame> universe;
+  if (!options.include.empty() || !options.exclude.empty()) universe = module_universe(graph);
   if (selected_fqns.empty()) {
     scope.diagnostics.push_back({Severity::Info, -1, "activation checkpoint layer selection matched zero layers; nothing is recomputed"});
   } else if (options.include.empty()) {
@@ -358,10 +442,10 @@ Scope resolve_scope(const Graph& graph, const ScopeOptions& options) {
   }
 
   // Per interned stack, then per node: the innermost enclosing region/unit/exclusion.
-  std::unordered_map<std::string, std::int32_t> region_index, unit_index, excluded_index;
-  for (std::size_t i = 0; i < scope.regions.size(); ++i) region_index.emplace(scope.regions[i], static_cast<std::int32_t>(i));
-  for (std::size_t i = 0; i < scope.units.size(); ++i) unit_index.emplace(scope.units[i].fqn, static_cast<std::int32_t>(i));
-  for (std::size_t i = 0; i < scope.excluded.size(); ++i) excluded_index.emplace(scope.excluded[i], static_cast<std::int32_t>(i));
+  std::vector<std::string> unit_fqns;
+  unit_fqns.reserve(scope.units.size());
+  for (const auto& unit : scope.units) unit_fqns.push_back(unit.fqn);
+  RootFinder region_root(scope.regions), unit_root(unit_fqns), excluded_root(scope.excluded);
   struct StackScope {
     std::int32_t region = -1, unit = -1;
     bool excluded = false;
@@ -369,18 +453,18 @@ Scope resolve_scope(const Graph& graph, const ScopeOptions& options) {
   std::vector<StackScope> per_stack(graph.stacks.size());
   for (std::size_t s = 0; s < graph.stacks.size(); ++s) {
     for (const auto& frame : graph.stacks[s]) {  // innermost first
-      if (per_stack[s].region < 0) per_stack[s].region = find_root(region_index, frame.fqn);
-      if (per_stack[s].unit < 0) per_stack[s].unit = find_root(unit_index, frame.fqn);
-      if (!per_stack[s].excluded) per_stack[s].excluded = find_root(excluded_index, frame.fqn) >= 0;
+      if (per_stack[s].region < 0) per_stack[s].region = region_root.find(frame.fqn);
+      if (per_stack[s].unit < 0) per_stack[s].unit = unit_root.find(frame.fqn);
+      if (!per_stack[s].excluded) per_stack[s].excluded = excluded_root.find(frame.fqn) >= 0;
     }
   }
   scope.node_region.assign(graph.nodes.size(), -1);
   scope.node_unit.assign(graph.nodes.size(), -1);
   scope.node_excluded.assign(graph.nodes.size(), false);
   for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
-    const Node& node = graph.nodes[i];
-    if (node.stack < 0) continue;
-    const StackScope& s = per_stack[static_cast<std::size_t>(node.stack)];
+    const std::int32_t stack = index.stack[i];
+    if (stack < 0) continue;
+    const StackScope& s = per_stack[static_cast<std::size_t>(stack)];
     scope.node_region[i] = s.region;
     scope.node_unit[i] = s.unit;
     scope.node_excluded[i] = s.excluded;

@@ -6,6 +6,7 @@
 
 #include "hyper_ac/alias.h"
 #include "hyper_ac/saturate.h"
+#include "schedule.h"
 
 namespace hyper_ac {
 
@@ -39,37 +40,24 @@ class UnionFind {
   std::vector<std::int32_t> parent_;
 };
 
-std::vector<ScheduleStep> original_schedule(const Graph& graph) {
-  std::vector<ScheduleStep> schedule(graph.nodes.size());
-  for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
-    schedule[i].node = static_cast<std::int32_t>(i);
-    schedule[i].inputs = graph.nodes[i].inputs;
-  }
-  return schedule;
-}
-
-bool is_resident(const Node& node) { return node.kind == NodeKind::Placeholder || node.kind == NodeKind::GetAttr; }
-
-// A getitem of a producer that allocates several outputs. Not for split /
-// chunk / unbind and other multi-output views: their elements share the
-// input's storage and stay united with it.
-bool projects_element(const Graph& graph, const Node& node) {
-  if (node.kind != NodeKind::CallFunction || node.target != "operator.getitem" || node.inputs.empty()) return false;
-  const Node& producer = graph.nodes[static_cast<std::size_t>(node.inputs.front())];
-  return producer.outputs.size() > 1 && alias_positions(producer).empty();
-}
-
-std::string step_name(const Graph& graph, const ScheduleStep& step, std::size_t index) {
+std::string step_name(const Graph& graph, const detail::FlatSchedule& schedule, std::size_t index) {
   std::string name = "step " + std::to_string(index);
-  if (step.node >= 0 && static_cast<std::size_t>(step.node) < graph.nodes.size())
-    name += (step.duplicate ? " (duplicate of '" : " ('") + graph.nodes[static_cast<std::size_t>(step.node)].name + "')";
+  const std::int32_t node = schedule.node[index];
+  if (node >= 0 && static_cast<std::size_t>(node) < graph.nodes.size())
+    name += (schedule.duplicate[index] ? " (duplicate of '" : " ('") + graph.nodes[static_cast<std::size_t>(node)].name + "')";
   return name;
 }
 
 }  // namespace
 
 SimulateResult simulate_memory(const Graph& graph, const RematPlan* plan, const SimulateOptions& options) {
-  const std::vector<ScheduleStep> schedule = plan ? rewritten_schedule(graph, *plan) : original_schedule(graph);
+  return detail::simulate_memory(graph, detail::NodeIndex(graph), plan, options);
+}
+
+SimulateResult detail::simulate_memory(const Graph& graph, const NodeIndex& index, const RematPlan* plan,
+                                       const SimulateOptions& options) {
+  using Flag = NodeIndex::Flag;
+  const detail::FlatSchedule schedule = plan ? detail::flat_schedule(graph, index, *plan) : detail::original_flat_schedule(index);
   const std::size_t steps = schedule.size();
   const auto end_of_time = static_cast<std::int32_t>(steps);
   SimulateResult result;
@@ -83,43 +71,55 @@ SimulateResult simulate_memory(const Graph& graph, const RematPlan* plan, const 
   std::vector<std::int64_t> transfer(steps, 0);
   std::int32_t last_forward = kNone;
   for (std::size_t s = 0; s < steps; ++s) {
-    const ScheduleStep& step = schedule[s];
-    if (step.node < 0 || static_cast<std::size_t>(step.node) >= graph.nodes.size())
-      throw std::invalid_argument("simulate_memory: " + step_name(graph, step, s) + " names no graph node");
-    const Node& node = graph.nodes[static_cast<std::size_t>(step.node)];
-    if (step.inputs.size() != node.inputs.size())
-      throw std::invalid_argument("simulate_memory: " + step_name(graph, step, s) + " has " +
-                                  std::to_string(step.inputs.size()) + " inputs, node has " +
-                                  std::to_string(node.inputs.size()));
-    for (std::size_t k = 0; k < step.inputs.size(); ++k)
-      if (step.inputs[k] < 0 || static_cast<std::size_t>(step.inputs[k]) >= s)
-        throw std::invalid_argument("simulate_memory: " + step_name(graph, step, s) + " reads '" +
-                                    graph.nodes[static_cast<std::size_t>(node.inputs[k])].name +
+    const std::int32_t step_node = schedule.node[s];
+    const bool duplicate = schedule.duplicate[s] != 0;
+    const std::int32_t* step_inputs = schedule.inputs.data() + schedule.start[s];
+    const auto input_count = static_cast<std::size_t>(schedule.start[s + 1] - schedule.start[s]);
+    if (step_node < 0 || static_cast<std::size_t>(step_node) >= graph.nodes.size())
+      throw std::invalid_argument("simulate_memory: " + step_name(graph, schedule, s) + " names no graph node");
+    const auto i = static_cast<std::size_t>(step_node);
+    const auto node_inputs = static_cast<std::size_t>(index.input_start[i + 1] - index.input_start[i]);
+    if (input_count != node_inputs)
+      throw std::invalid_argument("simulate_memory: " + step_name(graph, schedule, s) + " has " +
+                                  std::to_string(input_count) + " inputs, node has " + std::to_string(node_inputs));
+    for (std::size_t k = 0; k < input_count; ++k)
+      if (step_inputs[k] < 0 || static_cast<std::size_t>(step_inputs[k]) >= s)
+        throw std::invalid_argument("simulate_memory: " + step_name(graph, schedule, s) + " reads '" +
+                                    graph.nodes[static_cast<std::size_t>(graph.nodes[i].inputs[k])].name +
                                     "' before any step computes it");
-    if (step.duplicate) ++result.stats.duplicate_steps;
-    if (node.is_forward() && !step.duplicate && node.kind != NodeKind::Output) last_forward = static_cast<std::int32_t>(s);
-    if (is_resident(node)) {
+    if (duplicate) ++result.stats.duplicate_steps;
+    if (index.forward(i) && !duplicate && !index.has(i, Flag::kOutput)) last_forward = static_cast<std::int32_t>(s);
+    if (index.has(i, Flag::kResident)) {
       resident[s] = 1;
-      resident_total += node.output_bytes();
+      resident_total += index.output_bytes[i];
       ++result.stats.resident_values;
       continue;
     }
-    if (node.kind == NodeKind::Output) continue;
-    if (projects_element(graph, node)) {
-      // One element of a multi-output producer: it takes that element's bytes
-      // over from the producer's storage (pass 3) and is freed on its own, as
-      // the allocator frees each tensor of a tuple separately.
-      transfer[s] = node.output_bytes();
+    if (index.has(i, Flag::kOutput)) continue;
+    if (index.has(i, Flag::kProjects)) {
+      // One element of a multi-output producer (a getitem of a producer that
+      // allocates several outputs; not split / chunk / unbind and other
+      // multi-output views, whose elements share the input's storage): it
+      // takes that element's bytes over from the producer's storage (pass 3)
+      // and is freed on its own, as the allocator frees each tensor of a tuple
+      // separately.
+      transfer[s] = index.output_bytes[i];
       ++result.stats.aliasing_steps;
       continue;
     }
-    auto positions = alias_positions(node);
-    if (positions.empty()) {
-      allocation[s] = node.output_bytes();
+    const std::int32_t first = index.alias_first[i];
+    if (first < 0) {
+      allocation[s] = index.output_bytes[i];
       continue;
     }
     ++result.stats.aliasing_steps;
-    for (auto p : positions) storage.unite(static_cast<std::int32_t>(s), step.inputs[static_cast<std::size_t>(p)]);
+    if (!index.has(i, Flag::kMultiAlias)) {
+      storage.unite(static_cast<std::int32_t>(s), step_inputs[static_cast<std::size_t>(first)]);
+      continue;
+    }
+    for_each_alias_position(graph.nodes[i], [&](std::int32_t p) {
+      storage.unite(static_cast<std::int32_t>(s), step_inputs[static_cast<std::size_t>(p)]);
+    });
   }
 
   // Pass 2: per storage, residency and the last step that touches any alias.
@@ -130,9 +130,9 @@ SimulateResult simulate_memory(const Graph& graph, const RematPlan* plan, const 
     auto root = static_cast<std::size_t>(storage.find(here));
     if (resident[s]) root_resident[root] = 1;
     last_use[root] = std::max(last_use[root], here);
-    const bool is_output = graph.nodes[static_cast<std::size_t>(schedule[s].node)].kind == NodeKind::Output;
-    for (auto input : schedule[s].inputs) {
-      auto r = static_cast<std::size_t>(storage.find(input));
+    const bool is_output = index.has(static_cast<std::size_t>(schedule.node[s]), Flag::kOutput);
+    for (auto k = schedule.start[s]; k < schedule.start[s + 1]; ++k) {
+      auto r = static_cast<std::size_t>(storage.find(schedule.inputs[static_cast<std::size_t>(k)]));
       last_use[r] = std::max(last_use[r], is_output ? end_of_time : here);
     }
   }
@@ -156,7 +156,7 @@ SimulateResult simulate_memory(const Graph& graph, const RematPlan* plan, const 
   }
   for (std::size_t s = 0; s < steps; ++s) {
     if (transfer[s] > 0) {
-      auto from = static_cast<std::size_t>(storage.find(schedule[s].inputs.front()));
+      auto from = static_cast<std::size_t>(storage.find(schedule.inputs[static_cast<std::size_t>(schedule.start[s])]));
       auto to = static_cast<std::size_t>(storage.find(static_cast<std::int32_t>(s)));
       __int128 moved = std::min(static_cast<__int128>(transfer[s]), held[from]);
       held[from] -= moved;
@@ -177,12 +177,12 @@ SimulateResult simulate_memory(const Graph& graph, const RematPlan* plan, const 
     }
     if (options.record_timeline) {
       result.timeline.push_back(clamp_bytes(live));
-      result.timeline_nodes.push_back(schedule[s].node);
+      result.timeline_nodes.push_back(schedule.node[s]);
     }
     if (result.peak_step < 0 || live > peak) {
       peak = live;
       result.peak_step = static_cast<std::int32_t>(s);
-      result.peak_node = schedule[s].node;
+      result.peak_node = schedule.node[s];
     }
     for (auto r = free_head[s]; r != kNone; r = free_next[static_cast<std::size_t>(r)]) {
       live -= held[static_cast<std::size_t>(r)];

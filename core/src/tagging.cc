@@ -1,6 +1,10 @@
 #include "hyper_ac/tagging.h"
 
 #include <algorithm>
+#include <string_view>
+#include <unordered_map>
+
+#include "schedule.h"
 
 namespace hyper_ac {
 
@@ -19,17 +23,43 @@ namespace {
 
 struct Tagger {
   const Graph& graph;
+  const detail::NodeIndex& index;  // compact node facts (flags, inputs, targets)
   const Scope& scope;
   const TagOptions& options;
   TagResult result;
   std::vector<char> user;  // policy seeded from the model's own tag
 
-  bool is_candidate(std::size_t i) const {
-    const Node& node = graph.nodes[i];
-    return node.is_forward() && node.kind == NodeKind::CallFunction && node.recomputed_from.empty();
+  // What the operator table says about a target, found once per distinct
+  // target (op_matches scans the table; the index interns the targets).
+  struct OpFacts {
+    bool transparent, must_recompute, must_save, prefer_save, saved_collective, all_gather;
+  };
+  std::vector<OpFacts> op_facts;                 // per distinct target
+  std::vector<char> op_facts_known;              // per distinct target
+
+  const OpFacts& facts(std::size_t i) {
+    const auto id = static_cast<std::size_t>(index.target[i]);
+    if (op_facts.empty()) {
+      op_facts.resize(index.targets.size());
+      op_facts_known.assign(index.targets.size(), 0);
+    }
+    if (!op_facts_known[id]) {
+      const std::string target(index.targets[id]);
+      const OpPolicyTable& table = options.op_policy;
+      op_facts[id] = {op_matches(table.transparent, target),      op_matches(table.must_recompute, target),
+                      op_matches(table.must_save, target),        op_matches(table.prefer_save, target),
+                      op_matches(table.saved_collectives, target), op_matches(table.all_gathers, target)};
+      op_facts_known[id] = 1;
+    }
+    return op_facts[id];
   }
 
-  bool transparent(const Node& node) const { return op_matches(options.op_policy.transparent, node.target); }
+  bool is_candidate(std::size_t i) const {
+    using Flag = detail::NodeIndex::Flag;
+    return index.forward(i) && index.has(i, Flag::kCallFunction) && !index.has(i, Flag::kRecomputedFrom);
+  }
+
+  bool transparent(std::size_t i) { return facts(i).transparent; }
 
   void set(std::size_t i, Policy policy, const char* reason) {
     result.policies[i] = policy;
@@ -75,14 +105,13 @@ struct Tagger {
   // The structural saves, whatever a tag says: an RNG op not replayed, a
   // collective hyper_ac always saves, a SymInt. True when node i took one.
   bool save_structural(std::size_t i, bool collective) {
-    const Node& node = graph.nodes[i];
-    if (node.rng) {
+    if (index.has(i, detail::NodeIndex::kRng)) {
       set(i, Policy::MustSave, "rng");
       ++result.stats.saved_rng;
     } else if (collective) {
       set(i, Policy::MustSave, "collective");
       ++result.stats.saved_collective;
-    } else if (node.symint) {
+    } else if (index.has(i, detail::NodeIndex::kSymint)) {
       set(i, Policy::MustSave, "symint");
       ++result.stats.saved_symint;
     } else {
@@ -91,26 +120,24 @@ struct Tagger {
     return true;
   }
 
-  Policy mode_policy(const Node& node) const {
-    const OpPolicyTable& table = options.op_policy;
+  Policy mode_policy(std::size_t i) {
     if (options.mode == Mode::Full) return Policy::MustRecompute;
-    if (op_matches(table.must_recompute, node.target)) return Policy::MustRecompute;
-    if (op_matches(table.must_save, node.target))
+    const OpFacts& op = facts(i);
+    if (op.must_recompute) return Policy::MustRecompute;
+    if (op.must_save)
       // Under the min-cut modes the table is a bias, not a rule.
       return options.mode == Mode::Selective ? Policy::MustSave : Policy::PreferSave;
-    if (op_matches(table.prefer_save, node.target)) return Policy::PreferSave;
+    if (op.prefer_save) return Policy::PreferSave;
     return Policy::PreferRecompute;
   }
 
   // Pass 0: the model's own tags (torch.utils.checkpoint, selective-checkpoint
   // contexts), in every region or none; then PyTorch's boundary rule.
   void tag_user() {
-    const OpPolicyTable& table = options.op_policy;
     for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
-      if (!is_candidate(i)) continue;
+      if (!is_candidate(i) || index.policy[i] == Policy::None) continue;
       const Node& node = graph.nodes[i];
-      if (node.policy == Policy::None) continue;
-      const bool collective = op_matches(table.saved_collectives, node.target);
+      const bool collective = facts(i).saved_collective;
       switch (node.policy) {
         case Policy::None: continue;
         case Policy::MustSave: set(i, Policy::MustSave, "user"); break;
@@ -153,13 +180,11 @@ struct Tagger {
 
   // Pass 1: mode policy plus the structural saves (RNG, SymInt, collectives).
   void tag_by_policy() {
-    const OpPolicyTable& table = options.op_policy;
     for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
       if (!is_candidate(i) || user[i]) continue;
-      const Node& node = graph.nodes[i];
-      if (transparent(node)) {
-        if (!node.inputs.empty()) {
-          auto parent = static_cast<std::size_t>(node.inputs[0]);
+      if (transparent(i)) {
+        if (index.input_start[i] != index.input_start[i + 1]) {
+          auto parent = static_cast<std::size_t>(index.inputs[static_cast<std::size_t>(index.input_start[i])]);
           if (result.policies[parent] != Policy::None) {
             result.policies[i] = result.policies[parent];
             result.reasons[i] = "inherited";
@@ -170,16 +195,15 @@ struct Tagger {
       }
       if (scope.node_region[i] < 0 || scope.node_excluded[i]) continue;
       result.graph_id[i] = scope.node_region[i];
-      if (node.rng && node.rng_state_bytes > 0 && options.rng == RngPolicy::Replay &&
-          node.output_bytes() > node.rng_state_bytes) {
+      if (index.has(i, detail::NodeIndex::kRng) && graph.nodes[i].rng_state_bytes > 0 && options.rng == RngPolicy::Replay &&
+          index.output_bytes[i] > graph.nodes[i].rng_state_bytes) {
         // Replayed from its saved generator state if recomputed: that costs the
         // state's bytes (charged by the min-cut and the remat plan), not its
         // output's. A random op no larger than its state stays saved ("rng").
-        set(i, mode_policy(node), "rng-replay");
+        set(i, mode_policy(i), "rng-replay");
         ++result.stats.rng_replay_candidates;
-      } else if (!save_structural(i, op_matches(table.saved_collectives, node.target) ||
-                                         (options.save_forward_all_gather && op_matches(table.all_gathers, node.target)))) {
-        Policy policy = mode_policy(node);
+      } else if (!save_structural(i, facts(i).saved_collective || (options.save_forward_all_gather && facts(i).all_gather))) {
+        Policy policy = mode_policy(i);
         set(i, policy, policy == Policy::MustSave ? "op-table" : "");
       }
     }
@@ -192,10 +216,10 @@ struct Tagger {
     const std::size_t n = graph.nodes.size();
     std::vector<std::int32_t> mutated_bases;
     for (std::size_t i = 0; i < n; ++i) {
-      const Node& node = graph.nodes[i];
       // An input the step writes back after the forward: a replay would read the new value.
-      if (node.mutated) mutated_bases.push_back(static_cast<std::int32_t>(i));
-      if (!node.is_forward() || node.mutated_inputs.empty()) continue;
+      if (index.has(i, detail::NodeIndex::kMutated)) mutated_bases.push_back(static_cast<std::int32_t>(i));
+      if (!index.forward(i) || !index.has(i, detail::NodeIndex::kMutatesInputs)) continue;
+      const Node& node = graph.nodes[i];
       for (auto position : node.mutated_inputs) mutated_bases.push_back(node.inputs[static_cast<std::size_t>(position)]);
       if (result.policies[i] == Policy::None) continue;
       force_save(i, "in-place", result.stats.saved_inplace);
@@ -272,9 +296,9 @@ struct Tagger {
           auto u = static_cast<std::size_t>(user_index);
           if (seen_mark[u] == static_cast<std::int32_t>(i)) continue;
           seen_mark[u] = static_cast<std::int32_t>(i);
-          const Node& user = graph.nodes[u];
-          if (user.kind == NodeKind::Output || user.is_backward()) continue;
-          if (user.kind == NodeKind::CallFunction && transparent(user) && result.policies[u] == policy) {
+          // The user's kind and phase, off the index.
+          if (index.has(u, detail::NodeIndex::kOutput) || !index.forward(u)) continue;
+          if (index.has(u, detail::NodeIndex::kCallFunction) && transparent(u) && result.policies[u] == policy) {
             stack.push_back(user_index);
             continue;
           }
@@ -305,7 +329,11 @@ struct Tagger {
 }  // namespace
 
 TagResult tag_policies(const Graph& graph, const Scope& scope, const TagOptions& options) {
-  Tagger tagger{graph, scope, options, {}};
+  return detail::tag_policies(graph, detail::NodeIndex(graph), scope, options);
+}
+
+TagResult detail::tag_policies(const Graph& graph, const NodeIndex& index, const Scope& scope, const TagOptions& options) {
+  Tagger tagger{graph, index, scope, options, {}, {}, {}, {}};
   tagger.result.policies.assign(graph.nodes.size(), Policy::None);
   tagger.result.graph_id.assign(graph.nodes.size(), -1);
   tagger.result.reasons.assign(graph.nodes.size(), "");

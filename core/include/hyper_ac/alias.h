@@ -16,6 +16,23 @@ namespace hyper_ac {
 // allocates its own storage. Always empty for placeholders, get_attr, output.
 std::vector<std::int32_t> alias_positions(const Node& node);
 
+// Calls f(position) for each entry of alias_positions(node), in order, without
+// allocating (the hot loops of the simulator and the storage accounting).
+template <typename F>
+void for_each_alias_position(const Node& node, F&& f) {
+  if (node.kind != NodeKind::CallFunction) return;
+  bool any = false;
+  for (auto p : node.aliased_inputs)
+    if (p >= 0 && static_cast<std::size_t>(p) < node.inputs.size()) {
+      any = true;
+      f(p);
+    }
+  if (!any && node.view && !node.inputs.empty()) f(std::int32_t{0});
+}
+
+// The first entry of alias_positions(node); -1 when it is empty.
+std::int32_t first_alias_position(const Node& node);
+
 // The node aliases some input (alias_positions is not empty).
 bool is_aliasing(const Node& node);
 
