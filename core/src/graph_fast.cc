@@ -181,8 +181,7 @@ class FastLoader {
     // Nothing may follow the document.
     if (doc.current_location().error() != simdjson::OUT_OF_BOUNDS) return false;
     if (!(have & (1u << tVersion)) || !(have & (1u << tNodes))) return false;
-    if (options.strict_version && version_ != kGraphFormatVersion) return false;
-    return names_unique();
+    return !options.strict_version || version_ == kGraphFormatVersion;
   }
 
  private:
@@ -473,7 +472,9 @@ class FastLoader {
   }
 
   // Every name once: an open-addressing set of (hash, node index) pairs; a
-  // node's name is read only when the hashes agree.
+  // node's name is read only when the hashes agree. Run after the parser is
+  // gone (its structural index is the largest buffer of the load).
+ public:
   bool names_unique() const {
     const auto& nodes = graph_.nodes;
     std::size_t capacity = 16;
@@ -495,6 +496,7 @@ class FastLoader {
     return true;
   }
 
+ private:
   static constexpr std::int64_t kDenseLimit = std::int64_t{1} << 24;
 
   Graph& graph_;
@@ -522,11 +524,14 @@ bool load_fast(const std::string& json_text, const LoadOptions& options, LoadRes
     copy = simdjson::padded_string(json_text);
     view = simdjson::padded_string_view(copy);
   }
-  od::parser parser;
-  od::document doc;
-  if (parser.iterate(view).get(doc)) return false;
   FastLoader loader(result.graph, json_text.size());
-  return loader.load(doc, options);
+  {
+    od::parser parser;
+    od::document doc;
+    if (parser.iterate(view).get(doc) || !loader.load(doc, options)) return false;
+  }  // the structural index and any padded copy are freed here
+  copy = simdjson::padded_string();
+  return loader.names_unique();
 }
 
 }  // namespace graph_load
