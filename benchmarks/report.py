@@ -254,6 +254,15 @@ def render_markdown(meta: dict, step_rows: list[dict], pareto: dict, scaling: li
                    f"{_s(r.get('cli_remat_seconds'))}, simulate {_s(r.get('cli_simulate_seconds'))}: "
                    f"**plan total {_s(r.get('cli_total_seconds'))}** after the load."
                    if r.get("cli_total_seconds") is not None else "")
+                + (f" Loading alone (`hyper-ac-plan GRAPH --timings`, best of {meta.get('core_repeat', 1)}; "
+                   f"benchmarks/loading.py): simdjson fast path {_s(r.get('load_fast_seconds'))} "
+                   f"(peak RSS {r.get('load_fast_rss_mib', float('nan')):.0f} MiB), reference loader "
+                   f"{_s(r.get('load_reference_seconds'))}; Python's `json.loads` of the same bytes "
+                   f"{_s(r.get('json_loads_seconds'))}, so the fast load is "
+                   f"{r.get('load_fast_vs_json_loads', float('nan')):.3f}× of it"
+                   + (f" and the CLI's load + plan {r['cli_load_plus_plan_vs_json_loads']:.2f}×"
+                      if r.get("cli_load_plus_plan_vs_json_loads") is not None else "") + "."
+                   if r.get("load_fast_seconds") is not None and r.get("json_loads_seconds") else "")
                 + "".join(f" {k}: {v}." for k, v in r.items() if k.endswith("_error")))
         out.append("")
     if flow_rows:
@@ -323,6 +332,12 @@ def summarize_targets(scaling: list[dict], core_rows: list[dict], flow_rows: lis
                      + ", ".join(f"{r['networkx_vs_core_after_parse']:.1f}× slower at {r['network_vertices']:,} vertices"
                                  for r in bounded)
                      + f" — a lower bound on the speed-up ({'≥100× shown' if best['networkx_vs_core_after_parse'] >= 100 else 'does not show 100×'}).")
+    for r in core_rows:
+        ratio = r.get("cli_load_plus_plan_vs_json_loads")
+        if ratio is not None:
+            lines.append(f"load + plan ≤ 0.25× json.loads at {r['nodes']:,} nodes: {'met' if ratio <= 0.25 else 'NOT met'} — "
+                         f"the CLI loads in {_s(r.get('cli_load_seconds'))} and plans in {_s(r.get('cli_total_seconds'))}, "
+                         f"{ratio:.2f}× of `json.loads` ({_s(r.get('json_loads_seconds'))}) on the same bytes.")
     for r in core_rows:
         if r.get("auto_seconds") is not None:
             after = r.get("auto_minus_parse_seconds")

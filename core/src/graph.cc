@@ -5,6 +5,7 @@
 #include <array>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <optional>
 #include <sstream>
 #include <string_view>
@@ -14,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hyper_ac/alias.h"
+#include "graph_load.h"
 #include "json_reader.h"
 
 namespace hyper_ac {
@@ -70,9 +72,71 @@ const std::vector<ModuleFrame>& Graph::stack_of(const Node& node) const {
 }
 
 void Graph::finalize() {
+  // Counted first, so each list is allocated once at its size.
+  std::vector<std::int32_t> count(nodes.size(), 0);
+  for (const auto& node : nodes)
+    for (std::int32_t input : node.inputs) ++count[static_cast<std::size_t>(input)];
   users.assign(nodes.size(), {});
+  for (std::size_t i = 0; i < nodes.size(); ++i) users[i].reserve(static_cast<std::size_t>(count[i]));
   for (std::size_t i = 0; i < nodes.size(); ++i)
     for (std::int32_t input : nodes[i].inputs) users[static_cast<std::size_t>(input)].push_back(static_cast<std::int32_t>(i));
+}
+
+namespace {
+
+bool same_frames(const std::vector<ModuleFrame>& a, const std::vector<ModuleFrame>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i].fqn != b[i].fqn || a[i].type != b[i].type) return false;
+  return true;
+}
+
+bool same_node(const Node& a, const Node& b) {
+  if (a.outputs.size() != b.outputs.size()) return false;
+  for (std::size_t i = 0; i < a.outputs.size(); ++i)
+    if (a.outputs[i].bytes != b.outputs[i].bytes || a.outputs[i].dtype != b.outputs[i].dtype ||
+        a.outputs[i].shape != b.outputs[i].shape)
+      return false;
+  return a.id == b.id && a.name == b.name && a.kind == b.kind && a.target == b.target && a.inputs == b.inputs &&
+         a.phase == b.phase && std::memcmp(&a.flops, &b.flops, sizeof a.flops) == 0 && a.stack == b.stack &&
+         a.rng == b.rng && a.rng_state_bytes == b.rng_state_bytes && a.symint == b.symint &&
+         a.collective == b.collective && a.view == b.view && a.fusible == b.fusible && a.copy == b.copy &&
+         a.subgraph == b.subgraph &&
+         a.mutated == b.mutated && a.mutated_inputs == b.mutated_inputs && a.aliased_inputs == b.aliased_inputs &&
+         a.role == b.role && a.policy == b.policy && a.ac_graph_id == b.ac_graph_id &&
+         a.recomputed_from == b.recomputed_from;
+}
+
+}  // namespace
+
+#if defined(__GLIBCXX__) && defined(__x86_64__)
+// A reminder, not a rule of the language: a field added to Node must be
+// compared in same_node and read by both loaders (graph.cc, graph_fast.cc).
+static_assert(sizeof(Node) == 264, "Node changed: update same_node, the SAX and DOM loaders and graph_fast.cc");
+#endif
+
+bool identical(const Graph& a, const Graph& b) {
+  if (a.nodes.size() != b.nodes.size() || a.stacks.size() != b.stacks.size() || a.users != b.users) return false;
+  if (a.elided_copies.size() != b.elided_copies.size()) return false;
+  for (std::size_t i = 0; i < a.elided_copies.size(); ++i)
+    if (a.elided_copies[i].node != b.elided_copies[i].node || a.elided_copies[i].source != b.elided_copies[i].source)
+      return false;
+  for (std::size_t i = 0; i < a.nodes.size(); ++i)
+    if (!same_node(a.nodes[i], b.nodes[i])) return false;
+  for (std::size_t i = 0; i < a.stacks.size(); ++i)
+    if (!same_frames(a.stacks[i], b.stacks[i])) return false;
+  const ModelFacts& m = a.model;
+  const ModelFacts& n = b.model;
+  if (m.present != n.present || m.type != n.type || m.marked != n.marked || m.modules.size() != n.modules.size())
+    return false;
+  for (std::size_t i = 0; i < m.modules.size(); ++i) {
+    const ModuleFact& x = m.modules[i];
+    const ModuleFact& y = n.modules[i];
+    if (x.fqn != y.fqn || x.type != y.type || x.container != y.container || x.marked != y.marked ||
+        x.same_as != y.same_as)
+      return false;
+  }
+  return true;
 }
 
 std::string format_bytes(std::int64_t bytes) {
@@ -1091,9 +1155,9 @@ class StreamLoader {
   std::unordered_map<std::string, std::int32_t> stack_index_;
 };
 
-}  // namespace
-
-LoadResult load_graph(const std::string& json_text, const LoadOptions& options) {
+// The reference loader: the streaming SAX loader, which hands any document it
+// finds fault with to load_graph_dom (the named errors).
+LoadResult load_graph_reference(const std::string& json_text, const LoadOptions& options) {
   LoadResult result;
   bool valid = false;
   {
@@ -1110,11 +1174,14 @@ LoadResult load_graph(const std::string& json_text, const LoadOptions& options) 
       result.graph.model = parse_model(loader.model());  // its own errors, named as in the reference loader
     }
   }
-  if (!valid) {
-    result = load_graph_dom(json_text, options);
-  } else {
-    result.graph.finalize();
-  }
+  if (!valid) return load_graph_dom(json_text, options);
+  result.graph.finalize();
+  return result;
+}
+
+// Exact copies are elided after either loader (both read the graph as
+// written); the stats count the graph the core plans.
+void finish_load(LoadResult& result, const LoadOptions& options) {
   Graph& graph = result.graph;
   if (options.elide_copies) graph.elided_copies = elide_copies(graph);
   result.stats.elided_copies = graph.elided_copies.size();
@@ -1122,6 +1189,28 @@ LoadResult load_graph(const std::string& json_text, const LoadOptions& options) 
   result.stats.forward_nodes = result.stats.backward_nodes = 0;
   for (const auto& node : graph.nodes) (node.is_forward() ? result.stats.forward_nodes : result.stats.backward_nodes)++;
   result.stats.unique_stacks = graph.stacks.size();
+}
+
+}  // namespace
+
+namespace graph_load {
+
+ModelFacts parse_model_text(std::string_view text) { return parse_model(json_reader::parse_strict(std::string(text))); }
+
+}  // namespace graph_load
+
+LoadResult load_graph(const std::string& json_text, const LoadOptions& options) {
+  if (!options.reference_loader) {
+    LoadResult result;
+    if (graph_load::load_fast(json_text, options, result)) {
+      result.graph.finalize();
+      finish_load(result, options);
+      result.stats.fast_path = true;
+      return result;
+    }
+  }  // a partial graph is freed before the reference loader starts
+  LoadResult result = load_graph_reference(json_text, options);
+  finish_load(result, options);
   return result;
 }
 

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <stdexcept>
+
 #include <nlohmann/json.hpp>
 
 #include "hyper_ac/graph.h"
@@ -137,7 +139,18 @@ class GraphBuilder {
     return doc;
   }
   std::string text() const { return document().dump(); }
-  Graph graph() const { return load_graph(text()).graph; }
+  // Loaded through both loaders: every graph a test builds also checks that
+  // the simdjson fast path reads it, into the same Graph as the reference.
+  Graph graph() const {
+    const std::string t = text();
+    auto fast = load_graph(t);
+    LoadOptions reference;
+    reference.reference_loader = true;
+    if (!fast.stats.fast_path || !identical(fast.graph, load_graph(t, reference).graph))
+      throw std::logic_error("the fast loader " + std::string(fast.stats.fast_path ? "disagrees with" : "declined") +
+                             " the reference loader on " + t.substr(0, 300));
+    return std::move(fast.graph);
+  }
   std::int32_t index(const std::string& name) const {
     for (std::size_t i = 0; i < nodes_.size(); ++i)
       if (nodes_[i]["name"] == name) return static_cast<std::int32_t>(i);

@@ -11,6 +11,8 @@
 //   - PlanError means the planner built an invalid plan for a valid graph (a bug): it aborts;
 //   - any other exception (a bare JSON-library error, a "would be a bug"
 //     runtime_error, std::bad_alloc ...) aborts;
+//   - the public graph load (simdjson fast path) and the reference loader
+//     disagree: validity, the Graph built, or the error message (check_loaders);
 //   - a plan whose numbers are impossible (negative or non-finite peaks,
 //     recompute seconds, budget) aborts;
 //   - a sanitizer report, a crash or a hang (libFuzzer's -timeout) is one.
@@ -19,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -81,6 +84,31 @@ void check_plan(const hyper_ac::PlanResult& result) {
   if (s.budget_bytes < 0) finding("negative budget_bytes", std::to_string(s.budget_bytes));
 }
 
+// The graph loaders agree (docs/graph-format.md, "How loading works"): the
+// public load (simdjson fast path, then the reference) and the reference alone
+// give the same Graph or the same GraphError message. Anything else thrown
+// reaches the caller's handlers.
+void check_loaders(const std::string& graph_json) {
+  hyper_ac::LoadOptions reference;
+  reference.reference_loader = true;
+  std::optional<hyper_ac::LoadResult> fast, ref;
+  std::string fast_error, ref_error;
+  try {
+    fast = hyper_ac::load_graph(graph_json);
+  } catch (const hyper_ac::GraphError& e) {
+    fast_error = e.what();
+  }
+  try {
+    ref = hyper_ac::load_graph(graph_json, reference);
+  } catch (const hyper_ac::GraphError& e) {
+    ref_error = e.what();
+  }
+  if (fast.has_value() != ref.has_value())
+    finding("the fast and reference loaders disagree on validity", fast ? "fast accepted: " + ref_error : fast_error);
+  if (fast && !hyper_ac::identical(fast->graph, ref->graph)) finding("the fast and reference loaders built different graphs", "");
+  if (!fast && fast_error != ref_error) finding("the public load and the reference name different errors", fast_error + " / " + ref_error);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -89,6 +117,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string graph_json = nul == std::string::npos ? input : input.substr(0, nul);
   const std::string config_json = nul == std::string::npos ? std::string("{\"ac_mode\": \"auto\"}") : input.substr(nul + 1);
   try {
+    check_loaders(graph_json);
     const auto options = hyper_ac::parse_plan_options(config_json, op_policy());
     const auto loaded = hyper_ac::load_graph(graph_json);
     const auto result = hyper_ac::plan(loaded.graph, options);

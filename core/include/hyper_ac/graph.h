@@ -131,6 +131,12 @@ struct LoadOptions {
   // PyTorch aliases (dropout with p = 0 is a clone), and a saved or replayed
   // clone holds a second copy of its source's bytes. Rule: alias.h.
   bool elide_copies = true;
+  // Read with the reference loader only (nlohmann SAX straight into the IR; a
+  // document it finds fault with is re-read as a JSON tree to name the
+  // problem) instead of trying the simdjson fast path first. Same graph, same
+  // errors, several times slower: for comparison and for checking the fast
+  // path. CLI: --reference-loader.
+  bool reference_loader = false;
 };
 
 struct LoadStats {
@@ -139,6 +145,9 @@ struct LoadStats {
   std::size_t backward_nodes = 0;
   std::size_t unique_stacks = 0;
   std::size_t elided_copies = 0;
+  // The simdjson fast path read the document (false: the reference loader did,
+  // because it was asked for or because the fast path did not accept the bytes).
+  bool fast_path = false;
 };
 
 struct LoadResult {
@@ -147,7 +156,15 @@ struct LoadResult {
 };
 
 // Parses and validates a graph document (docs/graph-format.md). Throws GraphError.
+// The simdjson fast path reads well-formed documents; anything it does not
+// accept is read again by the reference loader, which names the problem
+// (docs/graph-format.md, "How loading works").
 LoadResult load_graph(const std::string& json_text, const LoadOptions& options = {});
+
+// Every field of both graphs equal: nodes (each field; flops bit for bit),
+// interned stacks, model facts and users. What the fast and the reference
+// loader must agree on (tests, fuzz_plan).
+bool identical(const Graph& a, const Graph& b);
 
 // Canonical JSON form of a graph (load_graph(graph_to_json(g)) == g).
 std::string graph_to_json(const Graph& graph);

@@ -1,0 +1,540 @@
+// The fast path of load_graph: simdjson On-Demand straight into the IR.
+//
+// It accepts exactly the well-formed documents the reference loader accepts
+// and builds the same Graph; it never names an error. Anything it does not
+// accept (malformed JSON, a repeated key, a number out of range, any failed
+// check) or does not read (an escaped string, a key spelt with escapes, an
+// unknown field of a tensor fact or module frame, `module_stacks` after
+// `nodes`, ...) makes it return false, and load_graph hands the same bytes to
+// the reference loader, which builds the graph or names the problem.
+//
+// Strings are read raw, as views into the document: stage 1 has validated
+// UTF-8 and refused unescaped control characters, and a string holding a
+// backslash is not read here, so a raw view is the string's value.
+#include "graph_load.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <simdjson.h>
+
+namespace hyper_ac {
+namespace graph_load {
+namespace {
+
+namespace od = simdjson::ondemand;
+
+// Node fields, as bit positions for the repeated-key check.
+enum NodeField : int {
+  fId, fName, fKind, fTarget, fInputs, fPhase, fOutputs, fFlops, fModuleStack, fRng, fRngStateBytes, fSymint,
+  fCollective, fView, fFusible, fSubgraph, fMutated, fMutatedInputs, fAliasedInputs, fStack, fRole, fPolicy,
+  fAcGraphId, fRecomputedFrom, fCopy,
+};
+enum TopField : int { tFormat, tVersion, tModel, tModuleStacks, tNodes };
+
+// `raw` points just past a key's opening quote. The document is padded and a
+// key is followed by its closing quote and a colon, so comparing n + 1 bytes
+// stays inside the buffer; a key spelt with escapes matches nothing.
+template <std::size_t N>
+inline bool is(const char* raw, const char (&literal)[N]) {
+  return std::memcmp(raw, literal, N - 1) == 0 && raw[N - 1] == '"';
+}
+
+int node_field(const char* k) {
+  switch (k[0]) {
+    case 'i': return is(k, "id") ? fId : is(k, "inputs") ? fInputs : -1;
+    case 'n': return is(k, "name") ? fName : -1;
+    case 'k': return is(k, "kind") ? fKind : -1;
+    case 't': return is(k, "target") ? fTarget : -1;
+    case 'p': return is(k, "phase") ? fPhase : is(k, "policy") ? fPolicy : -1;
+    case 'o': return is(k, "outputs") ? fOutputs : -1;
+    case 'f': return is(k, "flops") ? fFlops : is(k, "fusible") ? fFusible : -1;
+    case 'm':
+      return is(k, "module_stack") ? fModuleStack : is(k, "mutated") ? fMutated
+           : is(k, "mutated_inputs") ? fMutatedInputs : -1;
+    case 'r':
+      return is(k, "rng") ? fRng : is(k, "role") ? fRole : is(k, "rng_state_bytes") ? fRngStateBytes
+           : is(k, "recomputed_from") ? fRecomputedFrom : -1;
+    case 's': return is(k, "stack") ? fStack : is(k, "symint") ? fSymint : is(k, "subgraph") ? fSubgraph : -1;
+    case 'c': return is(k, "collective") ? fCollective : is(k, "copy") ? fCopy : -1;
+    case 'v': return is(k, "view") ? fView : -1;
+    case 'a': return is(k, "aliased_inputs") ? fAliasedInputs : is(k, "ac_graph_id") ? fAcGraphId : -1;
+    default: return -1;
+  }
+}
+
+int top_field(const char* k) {
+  switch (k[0]) {
+    case 'f': return is(k, "format") ? tFormat : -1;
+    case 'v': return is(k, "version") ? tVersion : -1;
+    case 'm': return is(k, "model") ? tModel : is(k, "module_stacks") ? tModuleStacks : -1;
+    case 'n': return is(k, "nodes") ? tNodes : -1;
+    default: return -1;
+  }
+}
+
+// A string without escapes, as a view into the document.
+inline bool read_string(od::value& value, std::string_view& out) {
+  od::raw_json_string raw;
+  if (value.get_raw_json_string().get(raw)) return false;
+  const char* begin = raw.raw();
+  const char* p = begin;
+  while (*p != '"') {
+    if (*p == '\\') return false;  // escapes: the reference loader reads these
+    ++p;
+  }
+  out = std::string_view(begin, static_cast<std::size_t>(p - begin));
+  return true;
+}
+
+inline bool read_int(od::value& value, std::int64_t& out) { return !value.get_int64().get(out); }
+
+// 1: null (consumed), 0: something else, -1: error.
+inline int null_state(od::value& value) {
+  bool null = false;
+  if (value.is_null().get(null)) return -1;
+  return null ? 1 : 0;
+}
+
+bool read_ints(od::value& value, std::vector<std::int64_t>& out) {
+  out.clear();
+  od::array array;
+  if (value.get_array().get(array)) return false;
+  for (auto entry : array) {
+    std::int64_t v;
+    if (entry.get_int64().get(v)) return false;
+    out.push_back(v);
+  }
+  return true;
+}
+
+template <typename Enum, std::size_t N>
+bool named(std::string_view text, const Enum (&values)[N], Enum& out) {
+  for (Enum value : values)
+    if (text == to_string(value)) {
+      out = value;
+      return true;
+    }
+  return false;
+}
+
+constexpr NodeKind kKinds[] = {NodeKind::CallFunction, NodeKind::Placeholder, NodeKind::GetAttr, NodeKind::Output};
+constexpr Phase kPhases[] = {Phase::Forward, Phase::Backward};
+constexpr Role kRoles[] = {Role::Activation, Role::Parameter, Role::Buffer, Role::Input, Role::Tangent};
+constexpr Policy kPolicies[] = {Policy::MustSave, Policy::PreferSave, Policy::MustRecompute, Policy::PreferRecompute};
+
+class FastLoader {
+ public:
+  FastLoader(Graph& graph, std::size_t text_size) : graph_(graph), text_size_(text_size) {}
+
+  bool load(od::document& doc, const LoadOptions& options) {
+    od::object top;
+    if (doc.get_object().get(top)) return false;
+    unsigned have = 0;
+    for (auto entry : top) {
+      od::field field;
+      if (std::move(entry).get(field)) return false;
+      const int key = top_field(field.key().raw());
+      if (key < 0 || (have & (1u << key))) return false;
+      have |= 1u << key;
+      od::value& value = field.value();
+      switch (key) {
+        case tFormat: {
+          std::string_view format;
+          if (!read_string(value, format) || format != "hyper_ac.graph") return false;
+          break;
+        }
+        case tVersion:
+          if (!read_int(value, version_)) return false;
+          break;
+        case tModel: {
+          const int null = null_state(value);
+          if (null < 0) return false;
+          if (null) break;
+          od::object model;
+          std::string_view text;
+          if (value.get_object().get(model) || model.raw_json().get(text)) return false;
+          try {
+            graph_.model = parse_model_text(text);
+          } catch (...) {
+            return false;  // the reference loader names it
+          }
+          break;
+        }
+        case tModuleStacks:
+          // The wire form puts the table first; after the nodes, the
+          // reference loader reads it (stack numbering depends on it).
+          if (have & (1u << tNodes)) return false;
+          if (!read_table(value)) return false;
+          break;
+        case tNodes:
+          if (!read_nodes(value)) return false;
+          break;
+      }
+    }
+    // Nothing may follow the document.
+    if (doc.current_location().error() != simdjson::OUT_OF_BOUNDS) return false;
+    if (!(have & (1u << tVersion)) || !(have & (1u << tNodes))) return false;
+    return !options.strict_version || version_ == kGraphFormatVersion;
+  }
+
+ private:
+  bool read_frames(od::value& value, std::vector<ModuleFrame>& frames) {
+    frames.clear();
+    od::array array;
+    if (value.get_array().get(array)) return false;
+    for (auto entry : array) {
+      od::object object;
+      if (entry.get_object().get(object)) return false;
+      ModuleFrame frame;
+      unsigned have = 0;
+      for (auto item : object) {
+        od::field field;
+        if (std::move(item).get(field)) return false;
+        const char* k = field.key().raw();
+        const unsigned bit = is(k, "fqn") ? 1u : is(k, "type") ? 2u : 0u;
+        if (bit == 0 || (have & bit)) return false;  // other fields: the reference loader ignores them
+        have |= bit;
+        std::string_view text;
+        if (!read_string(field.value(), text)) return false;
+        (bit == 1u ? frame.fqn : frame.type).assign(text);
+      }
+      if (have != 3u) return false;
+      frames.push_back(std::move(frame));
+    }
+    return true;
+  }
+
+  bool read_table(od::value& value) {
+    const int null = null_state(value);
+    if (null < 0) return false;
+    if (null) return true;
+    od::array array;
+    if (value.get_array().get(array)) return false;
+    for (auto entry : array) {
+      od::value item;
+      if (std::move(entry).get(item)) return false;
+      std::vector<ModuleFrame> frames;
+      if (!read_frames(item, frames)) return false;
+      if (frames.empty()) {
+        table_index_.push_back(-1);
+        continue;
+      }
+      table_index_.push_back(static_cast<std::int32_t>(graph_.stacks.size()));
+      graph_.stacks.push_back(std::move(frames));
+    }
+    return true;
+  }
+
+  bool read_nodes(od::value& value) {
+    od::array array;
+    if (value.get_array().get(array)) return false;
+    // A guess from the size (a compact node takes ~250 bytes): counting the
+    // elements first would walk the whole array once more.
+    graph_.nodes.reserve(text_size_ / 128 + 16);
+    for (auto entry : array) {
+      od::object object;
+      if (entry.get_object().get(object)) return false;
+      if (!read_node(object)) return false;
+    }
+    return true;
+  }
+
+  bool read_outputs(od::value& value, std::vector<TensorFact>& outputs) {
+    od::array array;
+    if (value.get_array().get(array)) return false;
+    for (auto entry : array) {
+      od::object object;
+      if (entry.get_object().get(object)) return false;
+      TensorFact fact;
+      unsigned have = 0;
+      for (auto item : object) {
+        od::field field;
+        if (std::move(item).get(field)) return false;
+        const char* k = field.key().raw();
+        const unsigned bit = is(k, "bytes") ? 1u : is(k, "dtype") ? 2u : is(k, "shape") ? 4u : 0u;
+        if (bit == 0 || (have & bit)) return false;  // other fields: the reference loader ignores them
+        have |= bit;
+        od::value& v = field.value();
+        if (bit == 1u) {
+          if (!read_int(v, fact.bytes) || fact.bytes < 0) return false;
+          continue;
+        }
+        const int null = null_state(v);
+        if (null < 0) return false;
+        if (null) continue;
+        if (bit == 2u) {
+          std::string_view dtype;
+          if (!read_string(v, dtype)) return false;
+          fact.dtype.assign(dtype);
+        } else {
+          if (!read_ints(v, ints_)) return false;
+          for (auto dim : ints_)
+            if (dim < 0) return false;
+          fact.shape.assign(ints_.begin(), ints_.end());
+        }
+      }
+      if (!(have & 1u)) return false;
+      outputs.push_back(std::move(fact));
+    }
+    return true;
+  }
+
+  bool read_bool(od::value& value, bool& out) {
+    const int null = null_state(value);
+    if (null < 0) return false;
+    if (null) return true;
+    return !value.get_bool().get(out);
+  }
+
+  // Positions into a node's inputs: each in range; sorted, each once.
+  static bool positions(const std::vector<std::int64_t>& raw, std::size_t input_count, std::vector<std::int32_t>& out) {
+    out.clear();
+    for (auto p : raw) {
+      if (p < 0 || static_cast<std::uint64_t>(p) >= input_count) return false;
+      out.push_back(static_cast<std::int32_t>(p));
+    }
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return true;
+  }
+
+  bool read_node(od::object& object) {
+    const auto index = static_cast<std::int32_t>(graph_.nodes.size());
+    Node& node = graph_.nodes.emplace_back();
+    std::uint32_t have = 0;
+    bool stack_given = false, mutated_given = false, aliased_given = false;
+    std::int64_t stack_ref = -1;
+    for (auto item : object) {
+      od::field field;
+      if (std::move(item).get(field)) return false;
+      const int key = node_field(field.key().raw());
+      if (key < 0) return false;  // unknown (or escaped) field
+      const std::uint32_t bit = std::uint32_t{1} << key;
+      if (have & bit) return false;
+      have |= bit;
+      od::value& value = field.value();
+      std::string_view text;
+      // Required fields first: never null.
+      switch (key) {
+        case fId:
+          if (!read_int(value, node.id) || node.id < 0) return false;
+          continue;
+        case fName:
+          if (!read_string(value, text) || text.empty()) return false;
+          node.name.assign(text);
+          continue;
+        case fKind:
+          if (!read_string(value, text) || !named(text, kKinds, node.kind)) return false;
+          continue;
+        case fTarget:
+          if (!read_string(value, text)) return false;
+          node.target.assign(text);
+          continue;
+        case fInputs:
+          if (!read_ints(value, input_ids_)) return false;
+          continue;
+        case fPhase:
+          if (!read_string(value, text) || !named(text, kPhases, node.phase)) return false;
+          continue;
+        default: break;
+      }
+      // Optional fields: null is the default.
+      const int null = null_state(value);
+      if (null < 0) return false;
+      if (null) continue;
+      switch (key) {
+        case fOutputs:
+          if (!read_outputs(value, node.outputs)) return false;
+          break;
+        case fFlops:
+          if (value.get_double().get(node.flops)) return false;
+          // NaN and negatives are refused; -0 is left to the reference (it reads an integer -0 as +0).
+          if (!(node.flops >= 0.0) || (node.flops == 0.0 && std::signbit(node.flops))) return false;
+          break;
+        case fModuleStack:
+          if (!read_frames(value, frames_)) return false;
+          break;
+        case fRng: if (!read_bool(value, node.rng)) return false; break;
+        case fSymint: if (!read_bool(value, node.symint)) return false; break;
+        case fCollective: if (!read_bool(value, node.collective)) return false; break;
+        case fView: if (!read_bool(value, node.view)) return false; break;
+        case fFusible: if (!read_bool(value, node.fusible)) return false; break;
+        case fCopy: if (!read_bool(value, node.copy)) return false; break;
+        case fSubgraph: if (!read_bool(value, node.subgraph)) return false; break;
+        case fMutated: if (!read_bool(value, node.mutated)) return false; break;
+        case fRngStateBytes:
+          if (!read_int(value, node.rng_state_bytes) || node.rng_state_bytes < 0) return false;
+          break;
+        case fStack:
+          if (!read_int(value, stack_ref)) return false;
+          stack_given = true;
+          break;
+        case fMutatedInputs:
+          if (!read_ints(value, mutated_)) return false;
+          mutated_given = true;
+          break;
+        case fAliasedInputs:
+          if (!read_ints(value, aliased_)) return false;
+          aliased_given = true;
+          break;
+        case fRole:
+          if (!read_string(value, text) || !named(text, kRoles, node.role)) return false;
+          break;
+        case fPolicy:
+          if (!read_string(value, text) || !named(text, kPolicies, node.policy)) return false;
+          break;
+        case fAcGraphId:
+          if (!read_int(value, node.ac_graph_id) || node.ac_graph_id < 0) return false;
+          break;
+        case fRecomputedFrom:
+          if (!read_string(value, text)) return false;
+          node.recomputed_from.assign(text);
+          break;
+        default: return false;
+      }
+    }
+    constexpr std::uint32_t required =
+        (1u << fId) | (1u << fName) | (1u << fKind) | (1u << fTarget) | (1u << fInputs) | (1u << fPhase);
+    if ((have & required) != required) return false;
+    if (node.rng_state_bytes > 0 && !node.rng) return false;
+    if (node.ac_graph_id >= 0 && node.policy == Policy::None) return false;
+    if (!add_id(node.id, index)) return false;
+    node.inputs.reserve(input_ids_.size());
+    for (auto input_id : input_ids_) {
+      if (input_id == node.id) return false;
+      const std::int32_t found = find_id(input_id);
+      if (found < 0) return false;
+      node.inputs.push_back(found);
+    }
+    if (!distinct(node.inputs)) return false;
+    if (stack_given) {
+      if (have & (1u << fModuleStack)) return false;  // both 'stack' and 'module_stack' (even null)
+      if (stack_ref < 0 || static_cast<std::uint64_t>(stack_ref) >= table_index_.size()) return false;
+      node.stack = table_index_[static_cast<std::size_t>(stack_ref)];
+    }
+    if ((have & (1u << fModuleStack)) && !frames_.empty()) {
+      stack_key_.clear();
+      for (const auto& frame : frames_) {
+        stack_key_ += frame.fqn;
+        stack_key_ += '\x1f';
+        stack_key_ += frame.type;
+        stack_key_ += '\x1e';
+      }
+      auto found = stack_index_.find(stack_key_);
+      if (found == stack_index_.end()) {
+        found = stack_index_.emplace(stack_key_, static_cast<std::int32_t>(graph_.stacks.size())).first;
+        graph_.stacks.push_back(frames_);
+      }
+      node.stack = found->second;
+      frames_.clear();
+    }
+    if (mutated_given && !positions(mutated_, node.inputs.size(), node.mutated_inputs)) return false;
+    if (aliased_given && !positions(aliased_, node.inputs.size(), node.aliased_inputs)) return false;
+    if (node.kind == NodeKind::Placeholder && !node.inputs.empty()) return false;
+    if (node.mutated && node.kind != NodeKind::Placeholder) return false;
+    if (node.copy && (node.kind != NodeKind::CallFunction || node.inputs.size() != 1)) return false;
+    return true;
+  }
+
+  static bool distinct(const std::vector<std::int32_t>& inputs) {
+    if (inputs.size() <= 16) {
+      for (std::size_t a = 1; a < inputs.size(); ++a)
+        for (std::size_t b = 0; b < a; ++b)
+          if (inputs[a] == inputs[b]) return false;
+      return true;
+    }
+    std::vector<std::int32_t> sorted = inputs;
+    std::sort(sorted.begin(), sorted.end());
+    return std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
+  }
+
+  std::int32_t find_id(std::int64_t id) const {
+    if (id < 0) return -1;
+    if (id < static_cast<std::int64_t>(dense_.size())) return dense_[static_cast<std::size_t>(id)];
+    if (id < kDenseLimit) return -1;
+    auto it = sparse_.find(id);
+    return it == sparse_.end() ? -1 : it->second;
+  }
+  bool add_id(std::int64_t id, std::int32_t index) {
+    if (id < kDenseLimit) {
+      const auto at = static_cast<std::size_t>(id);
+      if (at >= dense_.size()) dense_.resize(std::max(at + 1, dense_.size() * 2), -1);
+      if (dense_[at] >= 0) return false;
+      dense_[at] = index;
+      return true;
+    }
+    return sparse_.emplace(id, index).second;
+  }
+
+  // Every name once: an open-addressing set of (hash, node index) pairs; a
+  // node's name is read only when the hashes agree. Run after the parser is
+  // gone (its structural index is the largest buffer of the load).
+ public:
+  bool names_unique() const {
+    const auto& nodes = graph_.nodes;
+    std::size_t capacity = 16;
+    while (capacity < nodes.size() * 2) capacity <<= 1;
+    std::vector<std::uint64_t> slots(capacity, 0);  // (hash high bits << 32) | (index + 1)
+    const std::hash<std::string_view> hash;
+    for (std::size_t i = 0; i < nodes.size(); ++i) {
+      const std::string_view name = nodes[i].name;
+      const std::uint64_t h = hash(name);
+      const std::uint64_t tag = h & 0xffffffff00000000ull;
+      std::size_t at = static_cast<std::size_t>(h) & (capacity - 1);
+      while (slots[at] != 0) {
+        if ((slots[at] & 0xffffffff00000000ull) == tag && nodes[(slots[at] & 0xffffffffull) - 1].name == name)
+          return false;
+        at = (at + 1) & (capacity - 1);
+      }
+      slots[at] = tag | static_cast<std::uint64_t>(i + 1);
+    }
+    return true;
+  }
+
+ private:
+  static constexpr std::int64_t kDenseLimit = std::int64_t{1} << 24;
+
+  Graph& graph_;
+  std::size_t text_size_;
+  std::int64_t version_ = 0;
+  std::vector<std::int32_t> table_index_;
+  std::vector<std::int32_t> dense_;
+  std::unordered_map<std::int64_t, std::int32_t> sparse_;
+  std::unordered_map<std::string, std::int32_t> stack_index_;
+  std::string stack_key_;
+  // scratch, reused node to node
+  std::vector<std::int64_t> input_ids_, mutated_, aliased_, ints_;
+  std::vector<ModuleFrame> frames_;
+};
+
+}  // namespace
+
+bool load_fast(const std::string& json_text, const LoadOptions& options, LoadResult& result) {
+  // simdjson reads up to SIMDJSON_PADDING bytes past the end: use the string
+  // in place when its capacity allows (the CLI reads files that way), else a
+  // padded copy.
+  simdjson::padded_string copy;
+  simdjson::padded_string_view view(json_text);
+  if (view.padding() < simdjson::SIMDJSON_PADDING) {
+    copy = simdjson::padded_string(json_text);
+    view = simdjson::padded_string_view(copy);
+  }
+  FastLoader loader(result.graph, json_text.size());
+  {
+    od::parser parser;
+    od::document doc;
+    if (parser.iterate(view).get(doc) || !loader.load(doc, options)) return false;
+  }  // the structural index and any padded copy are freed here
+  copy = simdjson::padded_string();
+  return loader.names_unique();
+}
+
+}  // namespace graph_load
+}  // namespace hyper_ac
