@@ -83,6 +83,14 @@ MUTATIONS = [
         ("ctest", "[plan],[tagging]"),
     ),
     Mutation(
+        "budget_no_descent",
+        "budget mode keeps the first fitting frontier point (no descent towards the cheapest fitting set)",
+        "core/src/plan.cc",
+        "  if (met) {",
+        "  if (false && met) {",
+        ("ctest", "[plan],[tagging]"),
+    ),
+    Mutation(
         "budget_f_not_1_minus_f",
         "budget fraction f keeps 1 - f of the activations instead of f",
         "core/src/plan.cc",
