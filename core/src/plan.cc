@@ -97,6 +97,12 @@ std::int64_t budget_target(const Graph& graph, const MemoryBudget& budget, const
   return bytes_from_double(static_cast<double>(all_saved.peak_bytes_with_resident) - (1.0 - fraction) * activations);
 }
 
+std::string format_seconds(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g s", seconds);
+  return text;
+}
+
 // Budget mode, second step: peak-guided descent from the fitting plan the
 // frontier walk chose. The frontier trades saved bytes against recompute, but
 // the budget is on the simulated peak, which depends on when values die: a
@@ -109,14 +115,7 @@ std::int64_t budget_target(const Graph& graph, const MemoryBudget& budget, const
 // it may also drop the duplicates that only fed it). Passes repeat until one
 // changes nothing. Bounded: at most kBudgetDescentEvaluations evaluations and
 // kBudgetDescentWork node-evaluations (evaluations x graph nodes) in all, so
-// a 1M-node graph gets 8 (about what the frontier walk itself evaluates),
-// a graph up to 32k nodes the full 256.
-std::string format_seconds(double seconds) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.3g s", seconds);
-  return text;
-}
-
+// a 1M-node graph gets 8, a graph up to 32k nodes the full 256.
 constexpr std::size_t kBudgetDescentEvaluations = 256;
 constexpr std::size_t kBudgetDescentWork = std::size_t{1} << 23;
 
@@ -205,7 +204,7 @@ Evaluation choose_within_budget(const Graph& graph, const Config& config, const 
     auto descent_started = Clock::now();
     const Descent descent = descend_within_budget(graph, result.tags.policies, *fitting, target, stages.cost, schedule, chosen);
     result.timings.remat_seconds += seconds_since(descent_started);
-    if (descent.saved_again > 0)
+    if (descent.saved_again > 0 || descent.bounded)
       result.diagnostics.push_back(
           {Severity::Info, -1,
            "budget: " + std::to_string(descent.saved_again) +

@@ -114,6 +114,11 @@ TEST_CASE("budget: met at several fractions, no more recompute than the fitting 
     CHECK(r.stats.budget_met);
     CHECK(r.stats.simulated_peak_after <= r.stats.budget_bytes);
     CHECK(r.stats.recompute_seconds <= least * (1 + 1e-12));
+    // The descent says when it improved on the frontier point.
+    bool noted = false;
+    for (const auto& d : r.diagnostics)
+      noted = noted || (d.severity == Severity::Info && d.message.find("saved again within the budget") != std::string::npos);
+    CHECK(noted == (r.stats.recompute_seconds < least * (1 - 1e-12)));
     chosen.insert(r.stats.recompute_seconds);
   }
   // The budget changes the answer among the met fractions (0.8 and 0.95
