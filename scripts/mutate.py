@@ -83,6 +83,14 @@ MUTATIONS = [
         ("ctest", "[plan],[tagging]"),
     ),
     Mutation(
+        "budget_no_descent",
+        "budget mode keeps the first fitting frontier point (no descent towards the cheapest fitting set)",
+        "core/src/plan.cc",
+        "  if (met) {",
+        "  if (false && met) {",
+        ("ctest", "[plan],[tagging]"),
+    ),
+    Mutation(
         "budget_f_not_1_minus_f",
         "budget fraction f keeps 1 - f of the activations instead of f",
         "core/src/plan.cc",
@@ -101,6 +109,22 @@ MUTATIONS = [
                     "duplicate or gradients_bitwise"]),
     ),
 ]
+
+
+# Runs pytest with `hyper_ac` imported from the copy (argv[1]); exit 3 when
+# that cannot be arranged.
+PYTEST_FROM_COPY = """
+import os, sys
+root = sys.argv.pop(1)
+sys.meta_path[:] = [f for f in sys.meta_path if "ScikitBuild" not in type(f).__name__
+                    and not type(f).__module__.startswith("_editable")]
+import hyper_ac, hyper_ac.apply
+if not os.path.abspath(hyper_ac.apply.__file__).startswith(os.path.abspath(root) + os.sep):
+    print("hyper_ac imports from " + hyper_ac.apply.__file__ + ", not from the mutated copy " + root)
+    sys.exit(3)
+import pytest
+sys.exit(pytest.main(sys.argv[1:]))
+"""
 
 
 def copy_tree(dest: str) -> None:
@@ -173,8 +197,14 @@ def try_mutation(m: Mutation, ws: Workspace) -> tuple[str, str]:
                 if so.endswith(".so"):
                     shutil.copy2(os.path.join(installed, so), os.path.join(ws.root, "hyper_ac", so))
             env["PYTHONPATH"] = ws.root
-            rc = run([ws.python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *spec], ws.root, env=env,
-                     log=log)
+            # An editable install (scikit-build-core) puts a finder on
+            # sys.meta_path that maps `hyper_ac` to the worktree whatever
+            # PYTHONPATH says: without dropping it the tests would import the
+            # unmutated package and every Python mutation would "survive".
+            rc = run([ws.python, "-c", PYTEST_FROM_COPY, ws.root, "-x", "-q", "-p", "no:cacheprovider", *spec],
+                     ws.root, env=env, log=log)
+            if rc == 3:
+                return "HARNESS", log[-1].strip().splitlines()[-1][:160]
     finally:
         open(path, "w").write(original)
         os.utime(path)

@@ -82,7 +82,11 @@ PlanOptions budget_options(double fraction) {
 
 }  // namespace
 
-TEST_CASE("budget: met at several fractions, least recompute among the fitting frontier points",
+// Budget mode walks the frontier, then descends from the first fitting point
+// (plan.cc): never more recompute than the least-recompute fitting frontier
+// point, and here strictly less at 0.8 and 0.95 (brute force below says how
+// much less is possible).
+TEST_CASE("budget: met at several fractions, no more recompute than the fitting frontier points",
           "[plan][budget]") {
   const auto b = activation_heavy(4);
   const Graph graph = b.graph();
@@ -109,14 +113,17 @@ TEST_CASE("budget: met at several fractions, least recompute among the fitting f
     }
     CHECK(r.stats.budget_met);
     CHECK(r.stats.simulated_peak_after <= r.stats.budget_bytes);
-    CHECK(r.stats.recompute_seconds == Approx(least).epsilon(1e-12));
+    CHECK(r.stats.recompute_seconds <= least * (1 + 1e-12));
+    // The descent says when it improved on the frontier point.
+    bool noted = false;
+    for (const auto& d : r.diagnostics)
+      noted = noted || (d.severity == Severity::Info && d.message.find("saved again within the budget") != std::string::npos);
+    CHECK(noted == (r.stats.recompute_seconds < least * (1 - 1e-12)));
     chosen.insert(r.stats.recompute_seconds);
   }
-  // Open (issue 14): on this graph every met fraction still picks the same
-  // frontier point, so the "least recompute among the fitting points" branch
-  // is not proven to run with two different answers. Reported, not asserted:
-  // a graph where two met fractions differ is still to be built.
-  WARN("distinct frontier points chosen across met fractions: " << chosen.size());
+  // The budget changes the answer among the met fractions (0.8 and 0.95
+  // differ), so the choice is exercised, not only the fallback.
+  CHECK(chosen.size() >= 2);
 }
 
 // Issue 14: `memory_budget: 1e19` (a user's "no limit") overflowed the int64
@@ -207,15 +214,12 @@ TEST_CASE("fixed fuzz findings replay cleanly", "[plan][fuzz][numeric]") {
 // recompute set the tags allow (PREFER_* nodes optional, MUST_RECOMPUTE ones
 // always in), scored by the same evaluation (plan_remat + simulated peak +
 // roofline seconds), the cheapest set whose simulated peak meets the budget
-// must be what plan() returns, at every fraction.
-// KNOWN GAP (found by this test, issue 14): budget mode walks the min-cut's
-// Pareto frontier (saved bytes vs recompute), and on activation_heavy() at
-// fractions 0.8 / 0.95 a recompute set off that frontier meets the budget on the
-// simulated peak with less recompute (e.g. 2.6e-4 s vs 5.2e-4 s). The exact
-// check is therefore [!mayfail] (reported, not failing the suite); the
-// invariants below it must hold.
-TEST_CASE("budget mode matches brute force: the cheapest plan meeting the budget", "[plan][budget][bruteforce][!mayfail]") {
-  for (int units : {2, 3}) {
+// must be what plan() returns, at every fraction. The frontier walk alone
+// missed it at fractions 0.8 / 0.95 (a set off the saved-bytes frontier fits
+// the peak with less recompute, e.g. 2.6e-4 s vs 5.2e-4 s); the descent that
+// follows it (plan.cc) finds it.
+TEST_CASE("budget mode matches brute force: the cheapest plan meeting the budget", "[plan][budget][bruteforce]") {
+  for (int units : {2, 3, 4}) {
     const auto b = activation_heavy(units);
     const Graph graph = b.graph();
     const PlanOptions probe = budget_options(0.5);
@@ -237,12 +241,15 @@ TEST_CASE("budget mode matches brute force: the cheapest plan meeting the budget
       double seconds;
     };
     std::vector<Scored> sets;
+    // Scored as plan() scores a plan: the replay schedule follows the units.
+    RematOptions schedule;
+    schedule.node_unit = tagged.scope.node_unit;
     for (std::uint32_t mask = 0; mask < (1u << optional.size()); ++mask) {
-      std::vector<std::int32_t> recomputed = forced;
+      std::vector<Policy> policies(graph.nodes.size(), Policy::None);
+      for (auto i : forced) policies[static_cast<std::size_t>(i)] = Policy::MustRecompute;
       for (std::size_t k = 0; k < optional.size(); ++k)
-        if ((mask >> k) & 1u) recomputed.push_back(optional[k]);
-      std::sort(recomputed.begin(), recomputed.end());
-      const Evaluation e = score_recompute_set(graph, recomputed, stages.cost);
+        if ((mask >> k) & 1u) policies[static_cast<std::size_t>(optional[k])] = Policy::MustRecompute;
+      const Evaluation e = evaluate(graph, policies, stages.cost, schedule);
       sets.push_back({e.simulated_peak_bytes, e.recompute_seconds});
     }
     std::set<double> answers;
@@ -267,9 +274,8 @@ TEST_CASE("budget mode matches brute force: the cheapest plan meeting the budget
 
 // What budget mode guarantees against the same brute force: a plan it calls
 // met fits the budget on the simulated peak, it meets every budget some
-// allowed recompute set meets, and no set meeting the budget is cheaper than
-// the least-recompute frontier point... only up to the gap above: here it is
-// never cheaper than the brute-force optimum (that would be a scoring bug).
+// allowed recompute set meets, and it is never cheaper than the brute-force
+// optimum (that would be a scoring bug).
 TEST_CASE("budget mode against brute force: met budgets fit, feasible budgets are met", "[plan][budget][bruteforce]") {
   for (int units : {2, 3}) {
     const auto b = activation_heavy(units);

@@ -131,7 +131,8 @@ struct ParetoResult {
 // Severance breakpoint search: solve at both ends, then at the lambda where the
 // two cuts' objectives cross, breadth first). For a memory budget, walk the
 // points in order and take the first whose simulated peak fits (evaluate()
-// in plan.h): the least recompute that meets the budget. Throws as
+// in plan.h); plan() then descends from it towards less recompute within the
+// budget (docs/mincut.md). Throws as
 // solve_min_cut, and std::invalid_argument on a bad range.
 ParetoResult pareto(const Graph& graph, const std::vector<Policy>& tags, const MinCutOptions& options = {},
                     const ParetoOptions& sweep = {});
