@@ -16,6 +16,8 @@ Two ways to split (config key ``split``, docs/config.md):
 
 from __future__ import annotations
 
+import gc
+
 from typing import Any, Mapping, Optional, Sequence
 
 import torch
@@ -162,6 +164,19 @@ def build_modules(joint_module: fx.GraphModule, split: Mapping[str, Any], *,
     takes the saved SymInts, the saved tensors, the tangents (and backward
     seed/offset and backward-state inputs) and returns the gradients.
     """
+    # Tens of thousands of new nodes: the cyclic GC would rescan them over and over
+    # (as in hyper_ac.serialize); nothing here needs collecting until the modules exist.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _build_modules(joint_module, split, num_fwd_outputs)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _build_modules(joint_module: fx.GraphModule, split: Mapping[str, Any],
+                   num_fwd_outputs: int) -> tuple[fx.GraphModule, fx.GraphModule]:
     from torch._functorch._aot_autograd.descriptors import SavedForBackwardsAOTOutput
     from torch._functorch._aot_autograd.utils import (_is_bwd_seed_offset, _is_fwd_seed_offset, _is_primal,
                                                       _is_tangent)
