@@ -298,7 +298,8 @@ def copy_graph_module(gm):
 
     graph = fx.Graph()
     out = graph.graph_copy(gm.graph, {})
-    graph.output(out)
+    # the output's meta too: its phase (the pass checks every node has one) and descriptors (the split reads them)
+    graph.output(out).meta = dict(next(iter(gm.graph.find_nodes(op="output"))).meta)
     return fx.GraphModule(gm, graph)
 
 

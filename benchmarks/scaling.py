@@ -42,13 +42,19 @@ def time_torch_mincut(gm, num_fwd_outputs: int) -> float:
 
 
 def time_hyper_ac(gm, num_fwd_outputs: int, mode: str = "auto") -> dict:
-    """hyper_ac end to end on an annotated joint graph: serialise, core plan, apply, partition."""
+    """hyper_ac end to end on an annotated joint graph: serialise, core plan, apply, split; both splits.
+
+    ``split: torch`` (``hac_*``): plan, apply, then ``partition_joint`` with PyTorch's
+    ``_extract_fwd_bwd_modules``. ``split: native`` (``hac_native_*``): the plan with the core's
+    split (``hyper_ac.plan(..., split=True)``), apply, then ``partition_joint(..., split=...)``,
+    which builds both modules in one pass. Each on its own copy of the graph.
+    """
     import hyper_ac
     from hyper_ac.apply import apply_plan
     from hyper_ac.partition import partition_joint
 
-    g = copy_graph_module(gm)
     config = hac_config(mode)
+    g = copy_graph_module(gm)
     with _quiet():
         t0 = time.perf_counter()
         result = hyper_ac.plan(g, config)
@@ -59,9 +65,21 @@ def time_hyper_ac(gm, num_fwd_outputs: int, mode: str = "auto") -> dict:
         t3 = time.perf_counter()
         partition_joint(g, None, num_fwd_outputs=num_fwd_outputs)
         t4 = time.perf_counter()
+    del g
+    g = copy_graph_module(gm)
+    with _quiet():
+        n0 = time.perf_counter()
+        native = hyper_ac.plan(g, config, split=True)
+        n2 = time.perf_counter()
+        apply_plan(g, native.plan, recompile=False)
+        n3 = time.perf_counter()
+        partition_joint(g, None, num_fwd_outputs=num_fwd_outputs, split=native.split)
+        n4 = time.perf_counter()
     return {"hac_serialize_seconds": result.serialize_seconds, "hac_core_seconds": result.plan_seconds,
             "hac_apply_seconds": t3 - t2,
             "hac_partition_seconds": t4 - t3, "hac_seconds": t3 - t0, "hac_with_partition_seconds": t4 - t0,
+            "hac_native_core_seconds": native.plan_seconds, "hac_native_split_seconds": n4 - n3,
+            "hac_native_seconds": n4 - n0,
             "hac_mode": mode,
             "hac_duplicated": plan.get("stats", {}).get("nodes_duplicated")}
 
@@ -121,9 +139,13 @@ def run_scaling(opts: ScalingOptions, log: Callable[[str], None]) -> tuple[list[
                 log(f"  torch min-cut on {row['nodes']} nodes: {row['torch_error']}")
         row["speedup"] = _ratio(row.get("torch_seconds"), row.get("hac_seconds"))
         row["speedup_with_partition"] = _ratio(row.get("torch_seconds"), row.get("hac_with_partition_seconds"))
+        row["speedup_native_split"] = _ratio(row.get("torch_seconds"), row.get("hac_native_seconds"))
         row["core_speedup"] = _ratio(row.get("torch_seconds"), row.get("hac_core_seconds"))
         log(f"  {row['nodes']:>7} nodes: torch {row.get('torch_seconds', float('nan')):.2f} s, "
-            f"hyper_ac {row.get('hac_seconds', float('nan')):.2f} s (core {row.get('hac_core_seconds', float('nan')):.3f} s)")
+            f"hyper_ac {row.get('hac_seconds', float('nan')):.2f} s (core {row.get('hac_core_seconds', float('nan')):.3f} s); "
+            f"incl. split: torch's {row.get('hac_with_partition_seconds', float('nan')):.2f} s "
+            f"({row.get('speedup_with_partition') or float('nan'):.1f}x), native "
+            f"{row.get('hac_native_seconds', float('nan')):.2f} s ({row.get('speedup_native_split') or float('nan'):.1f}x)")
         rows.append(row)
 
     core_rows = run_core_only(template, opts, log)

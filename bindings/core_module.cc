@@ -13,6 +13,7 @@
 #include "hyper_ac/mincut.h"
 #include "hyper_ac/plan.h"
 #include "hyper_ac/scope.h"
+#include "hyper_ac/split.h"
 #include "hyper_ac/tagging.h"
 
 namespace py = pybind11;
@@ -90,6 +91,19 @@ PYBIND11_MODULE(_core, m) {
      "Plan save/recompute for a graph; return the plan JSON (with per-stage wall times under 'timings' if asked;\n"
      "without them the plan is byte-identical for the same input). timeline=True adds 'timeline': live activation\n"
      "bytes per schedule step before/after the rewrite and each schedule's last forward step.");
+
+  m.def("plan_split", [](const std::string& graph_json, const std::string& config_json, const std::string& op_policy_json,
+                         bool timeline) {
+    py::gil_scoped_release release;
+    auto loaded = load_graph(graph_json);
+    PlanOptions options = parse_plan_options(config_json, op_policy_json);
+    options.record_timeline = timeline;
+    auto result = plan(loaded.graph, options);
+    auto split = split_joint(loaded.graph, result.remat);
+    return std::make_pair(plan_to_json(loaded.graph, result, false), split_to_json(loaded.graph, split));
+  }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = "", py::arg("timeline") = false,
+     "(plan JSON, split JSON): the plan exactly as plan() gives it, and the forward/backward split of the rewritten\n"
+     "graph (split.h): the nodes each module runs and the values the forward saves, in order (docs/graph-format.md).");
 
   m.def("pareto", [](const std::string& graph_json, const std::string& config_json, const std::string& op_policy_json) {
     py::gil_scoped_release release;

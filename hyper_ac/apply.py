@@ -19,12 +19,13 @@ from torch.utils.checkpoint import CheckpointPolicy
 __all__ = ["apply_elided_copies", "apply_plan"]
 
 
-def _private_get_attr(gm: fx.GraphModule, original: fx.Node, before: fx.Node) -> fx.Node:
-    """A fresh get_attr for a duplicate, so each region owns its HOP subgraph reference."""
+def _private_get_attr(gm: fx.GraphModule, original: fx.Node, before: fx.Node, index: int) -> fx.Node:
+    """A fresh get_attr for duplicate #index, so each region owns its HOP subgraph reference."""
     with gm.graph.inserting_before(before):
         node = gm.graph.get_attr(original.target)
     node.meta.update(original.meta)
     node.meta["autograd_backward"] = True
+    node.meta["ac_duplicate"] = index
     return node
 
 
@@ -61,11 +62,11 @@ def apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], *, tag_only: bool = 
     # segment. A copy reads the latest copy of each input made before it.
     duplicate_of: dict[fx.Node, fx.Node] = {}
     copies: list[fx.Node] = []
-    for entry in plan.get("duplicates", []):
+    for index, entry in enumerate(plan.get("duplicates", [])):
         original = node_named(entry["of"], "duplicate")
         before = node_named(entry["before"], "insertion point")
         private = {
-            by_name[n]: _private_get_attr(gm, by_name[n], before) for n in entry.get("private_get_attrs", [])
+            by_name[n]: _private_get_attr(gm, by_name[n], before, index) for n in entry.get("private_get_attrs", [])
         }
 
         def remap(arg: fx.Node, private: dict = private) -> fx.Node:
@@ -78,6 +79,7 @@ def apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], *, tag_only: bool = 
         copy.meta["autograd_backward"] = True
         copy.meta["ac_recomputed"] = True
         copy.meta["ac_recomputed_from"] = original.name
+        copy.meta["ac_duplicate"] = index  # its index in the plan's duplicates (the split names it so)
         duplicate_of[original] = copy
         copies.append(copy)
 
@@ -151,6 +153,7 @@ def _replay_random_op(gm: fx.GraphModule, entry: Mapping[str, Any], node_named: 
         raise ValueError(f"plan replays random op '{original.name}', which has no duplicate")
     meta = {k: v for k, v in original.meta.items() if k not in ("val", "tensor_meta", "recompute")}
     meta["autograd_backward"] = False
+    meta["ac_rng_replay_of"] = original.name  # the split puts these nodes where the core put the op
     with graph.inserting_before(original):
         wrapped = graph.call_function(run_and_save_rng_state, (original.target, *original.args), dict(original.kwargs))
         state = graph.create_node("call_function", operator.getitem, (wrapped, 0), name=entry["state"])

@@ -12,7 +12,9 @@ with the same compiler (docs/torch-compat.md):
 - ``compiler="eager"``: stock ``aot_eager`` (no decompositions, min-cut
   partition) with the partitioned graphs run as boxed FX code; a plan that
   changes the graph is carried out by hyper_ac's own ``partition_joint``, whose
-  gradients are bitwise those of the uncheckpointed step.
+  gradients are bitwise those of the uncheckpointed step. Its forward and
+  backward modules are built from the core's split (config ``split: native``,
+  the default) or by PyTorch's ``_extract_fwd_bwd_modules`` (``split: torch``).
 
 Mode ``off``, a graph the mode cannot plan (no units, for ``full`` /
 ``selective``) and a plan that recomputes nothing on a graph without the
@@ -140,8 +142,9 @@ class _PartitionStep:
             return stock_partition(joint, joint_inputs, **kwargs)
         user_tagged = any(node.meta.get("recompute") is not None for node in joint.graph.nodes)
         annotate_joint(joint, num_fwd_outputs, model=self.model, example_inputs=self.current.get("example_inputs"))
+        native_split = self.route == "own" and not self.tag_only and self.cfg.split == "native"
         try:
-            result = plan(joint, self.cfg, self.model)
+            result = plan(joint, self.cfg, self.model, split=native_split)
         except _core.NoUnitsError as error:
             # With graph breaks, a piece of the step (say, only the loss) may hold
             # no block at all: that piece is partitioned as stock does it.
@@ -173,7 +176,8 @@ class _PartitionStep:
 
         # The partition builds fresh modules from the graph: no need to regenerate the joint's code.
         apply_plan(joint, plan_json, recompile=False)
-        return partition_joint(joint, joint_inputs, **kwargs)
+        # split: native builds the modules from the core's split; torch (result.split None) with PyTorch's.
+        return partition_joint(joint, joint_inputs, split=result.split, **kwargs)
 
 
 def _inductor_partitioner(step: _PartitionStep, key: str):

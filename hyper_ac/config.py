@@ -142,6 +142,12 @@ class Config:
         return Config(json.loads(_core.validate_config(json.dumps(data))), self.source)
 
     @property
+    def split(self) -> str:
+        """``native`` (default): the backend builds the forward and backward modules from the
+        core's split; ``torch``: with PyTorch's ``_extract_fwd_bwd_modules`` (docs/config.md)."""
+        return self.data["activation_checkpoint"].get("split", "native")
+
+    @property
     def rng(self) -> str:
         """``replay`` (default) or ``save``: what the core may do with random ops (docs/config.md)."""
         return self.data["activation_checkpoint"]["rng"]

@@ -3,17 +3,28 @@
 After the pass, the backward already holds every recomputed duplicate, so the
 split only has to save what the rewritten backward reads: no second optimiser
 runs, and the plan's saved set is exactly the partition's.
+
+Two ways to split (config key ``split``, docs/config.md):
+
+- ``native`` (default): the core's split (``hyper_ac.plan(..., split=True)``,
+  ``core/include/hyper_ac/split.h``) names the nodes each module runs and the
+  values the forward saves, in order; :func:`build_modules` copies each node of
+  the rewritten graph once into the forward or the backward module.
+- ``torch``: PyTorch's ``_extract_fwd_bwd_modules`` with the values the
+  rewritten backward reads (:func:`saved_values`), for comparison.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+import gc
+
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 from torch import fx
 from torch._functorch import partitioners as _partitioners
 
-__all__ = ["saved_values", "partition_joint"]
+__all__ = ["saved_values", "partition_joint", "build_modules"]
 
 
 def _is_backward(node: fx.Node) -> bool:
@@ -71,9 +82,17 @@ def partition_joint(
     *,
     num_fwd_outputs: int,
     static_lifetime_input_indices: Optional[Sequence[int]] = None,
+    split: Optional[Mapping[str, Any]] = None,
     **_: Any,
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
-    """The partition_fn contract of aot_autograd, for an already rewritten joint graph."""
+    """The partition_fn contract of aot_autograd, for an already rewritten joint graph.
+
+    ``split``: the core's split of this graph (``hyper_ac.plan(..., split=True).split``):
+    the modules are built from it (:func:`build_modules`). ``None``: PyTorch's
+    ``_extract_fwd_bwd_modules`` saves what the rewritten backward reads (config ``split: torch``).
+    """
+    if split is not None:
+        return build_modules(joint_module, split, num_fwd_outputs=num_fwd_outputs)
     tensors, symbolic = saved_values(joint_module)
     static_nodes = None
     if static_lifetime_input_indices:
@@ -94,3 +113,182 @@ def partition_joint(
     fw_module.recompile()
     bw_module.recompile()
     return fw_module, bw_module
+
+
+def _symbol_convention(joint_graph: fx.Graph, saved: list[fx.Node], symints: list[fx.Node],
+                       tangents: list[fx.Node]) -> list[fx.Node]:
+    """The saved SymInts in aot_autograd's calling convention (what ``_extract_fwd_bwd_modules`` does):
+    the nodes that bind a symbol first, then the derived ones, and a binding node for every
+    symbol of a saved value's or tangent's shape not bound yet (needed to size the backward's
+    inputs). Only graphs with symbolic shapes get here."""
+    from torch.fx.experimental.symbolic_shapes import (find_symbol_binding_fx_nodes, free_symbols,
+                                                       is_symbol_binding_fx_node)
+
+    bound: set = set()
+    binding: list[fx.Node] = []
+    derived: list[fx.Node] = []
+    for node in symints:
+        symbol = is_symbol_binding_fx_node(node)
+        if symbol:
+            bound.add(symbol)
+            binding.append(node)
+        else:
+            derived.append(node)
+    bindings = None
+    for node in [*derived, *saved, *tangents]:
+        if "val" not in node.meta:
+            continue
+        new = free_symbols(node.meta["val"]) - bound
+        if not new:
+            continue
+        if bindings is None:
+            bindings = find_symbol_binding_fx_nodes(joint_graph)
+        for symbol in sorted(new, key=lambda s: s.name):
+            if symbol in bindings:
+                binding.append(bindings[symbol])
+        bound |= new
+    return binding + derived
+
+
+def build_modules(joint_module: fx.GraphModule, split: Mapping[str, Any], *,
+                  num_fwd_outputs: int) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """The forward and backward modules of a rewritten joint graph, from the core's split.
+
+    One pass over the rewritten graph copies each node into the module the core
+    put it in (``split["forward"]`` / ``split["backward"]`` by name, duplicates
+    by their index in the plan's ``duplicates``, which ``apply_plan`` writes as
+    ``meta["ac_duplicate"]``; a random op's replay nodes follow the op). The
+    calling convention is ``_extract_fwd_bwd_modules``'s: the forward takes the
+    primals (and forward seed/offset inputs) and returns its outputs, the saved
+    tensors (``split["saved"]``, in order), then the saved SymInts; the backward
+    takes the saved SymInts, the saved tensors, the tangents (and backward
+    seed/offset and backward-state inputs) and returns the gradients.
+    """
+    # Tens of thousands of new nodes: the cyclic GC would rescan them over and over
+    # (as in hyper_ac.serialize); nothing here needs collecting until the modules exist.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _build_modules(joint_module, split, num_fwd_outputs)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _build_modules(joint_module: fx.GraphModule, split: Mapping[str, Any],
+                   num_fwd_outputs: int) -> tuple[fx.GraphModule, fx.GraphModule]:
+    from torch._functorch._aot_autograd.descriptors import SavedForBackwardsAOTOutput
+    from torch._functorch._aot_autograd.utils import (_is_bwd_seed_offset, _is_fwd_seed_offset, _is_primal,
+                                                      _is_tangent)
+
+    graph = joint_module.graph
+    forward_names = set(split["forward"])
+    backward_names = set(split["backward"])
+    duplicates = set(split["backward_duplicates"])
+    saved_names: list[str] = list(split["saved"])
+    symint_names: list[str] = list(split["saved_symints"])
+    fwd_outputs, bwd_outputs, fwd_descs, bwd_descs = _partitioners._extract_fwd_bwd_outputs(
+        joint_module, num_fwd_outputs=num_fwd_outputs)
+
+    placeholders = list(graph.find_nodes(op="placeholder"))
+    primals = [n for n in placeholders if _is_primal(n)]
+    fwd_seeds = [n for n in placeholders if _is_fwd_seed_offset(n)]
+    tangents = [n for n in placeholders if _is_tangent(n)]
+    bwd_seeds = [n for n in placeholders if _is_bwd_seed_offset(n)]
+    backward_states = [n for n in placeholders if _partitioners._is_backward_state(n)]
+
+    if symint_names or any(_partitioners.free_symbols(n.meta.get("val")) for n in placeholders):
+        # Symbolic shapes: the SymInts follow aot_autograd's convention, which reads the nodes' values.
+        by_name = {n.name: n for n in graph.nodes}
+        symint_nodes = _symbol_convention(graph, [by_name[name] for name in saved_names],
+                                          [by_name[name] for name in symint_names], tangents)
+        symint_names = [n.name for n in symint_nodes]
+
+    fwd = fx.Graph()
+    bwd = fx.Graph()
+    env_f: dict[fx.Node, fx.Node] = {}
+    env_b: dict[fx.Node, fx.Node] = {}
+    # The backward's inputs from the forward, by name; each takes its node's meta when the walk reaches it.
+    from_forward: dict[str, fx.Node] = {name: bwd.placeholder(name) for name in symint_names}
+    for name in saved_names:
+        if name in from_forward:
+            raise ValueError(f"the core's split saves '{name}' twice")
+        from_forward[name] = bwd.placeholder(name)
+    saved_in_forward: dict[str, fx.Node] = {}  # name -> the forward module's node
+    for node in primals + fwd_seeds:
+        new = fwd.placeholder(node.name)
+        new.meta = node.meta
+        env_f[node] = new
+        placeholder = from_forward.get(node.name)
+        if placeholder is not None:
+            placeholder.meta = node.meta
+            env_b[node] = placeholder
+            saved_in_forward[node.name] = new
+    for node in tangents + bwd_seeds + backward_states:
+        new = bwd.placeholder(node.name)
+        new.meta = node.meta
+        env_b[node] = new
+
+    fwd_copy, bwd_copy = fwd.node_copy, bwd.node_copy
+    get_f, get_b = env_f.__getitem__, env_b.__getitem__
+    for node in graph.nodes:
+        op = node.op
+        if op == "placeholder" or op == "output":
+            continue
+        name = node.name
+        meta = node.meta
+        if name in forward_names:
+            where = "forward"
+        elif name in backward_names:
+            where = "backward"
+        else:
+            index = meta.get("ac_duplicate")  # apply_plan's copies (and their private get_attrs)
+            if index is not None:
+                if index not in duplicates:
+                    raise ValueError(f"node '{name}' is duplicate #{index} of the plan, which the core's split "
+                                     "leaves out")
+                where = "backward"
+            else:  # a random op's replay nodes (apply_plan) go where the op went
+                owner = meta.get("ac_rng_replay_of")
+                where = "forward" if owner in forward_names else "backward" if owner in backward_names else None
+            if where is None:
+                raise ValueError(f"node '{name}' of the rewritten graph is in neither module of the core's split "
+                                 "(was the graph changed after apply_plan?)")
+        if where == "forward":
+            new = env_f[node] = fwd_copy(node, get_f)
+            placeholder = from_forward.get(name)
+            if placeholder is not None:
+                placeholder.meta = meta
+                env_b[node] = placeholder
+                saved_in_forward[name] = new
+        else:
+            env_b[node] = bwd_copy(node, get_b)
+    missing = [name for name in from_forward if name not in saved_in_forward]
+    if missing:
+        raise ValueError(f"the core's split saves {missing[:5]}, which the rewritten graph's forward does not compute")
+
+    def value(env: dict, x: Any, what: str) -> Any:
+        if not isinstance(x, fx.Node):
+            return x
+        try:
+            return env[x]
+        except KeyError:
+            raise ValueError(f"{what} output '{x.name}' is not computed by the {what} module of the core's "
+                             "split") from None
+
+    fwd_values = [value(env_f, x, "forward") for x in fwd_outputs]
+    fwd_values += [saved_in_forward[name] for name in saved_names]
+    fwd_values += [saved_in_forward[name] for name in symint_names]
+    n_saved = len(saved_names) + len(symint_names)
+    _output(fwd, fwd_values, list(fwd_descs) + [SavedForBackwardsAOTOutput(i) for i in range(n_saved)])
+    _output(bwd, [value(env_b, x, "backward") for x in bwd_outputs], list(bwd_descs))
+    make = fx._lazy_graph_module._make_graph_module
+    return make(joint_module, fwd), make(joint_module, bwd)
+
+
+def _output(graph: fx.Graph, values: list, descs: list) -> None:
+    """The output node as ``_extract_graph_with_inputs_outputs`` writes it."""
+    out = graph.output(tuple(values))
+    out.meta["desc"] = descs
+    out.meta["output_stack_traces"] = [v.meta.get("stack_trace") if isinstance(v, fx.Node) else None
+                                       for v in values]

@@ -93,6 +93,9 @@ class PassResult:
     plan_seconds: float = 0.0
     serialize_seconds: float = 0.0
     apply_seconds: float = 0.0
+    #: The core's forward/backward split of the rewritten graph (``plan(..., split=True)``;
+    #: docs/graph-format.md "Split document"), for ``partition_joint(..., split=...)``; else None.
+    split: Optional[Mapping[str, Any]] = None
 
     @property
     def stats(self) -> Mapping[str, Any]:
@@ -151,7 +154,7 @@ def _graph_json(graph: Union[fx.GraphModule, str, Mapping[str, Any]], model: Any
 
 
 def plan(graph: Union[fx.GraphModule, str, Mapping[str, Any]], config: Any, model: Any = None, *,
-         timeline: bool = False) -> PassResult:
+         timeline: bool = False, split: bool = False) -> PassResult:
     """The core's plan for a joint graph, without changing it: the one entry
     the pass, the CLI and the benchmark call.
 
@@ -164,16 +167,28 @@ def plan(graph: Union[fx.GraphModule, str, Mapping[str, Any]], config: Any, mode
     activation bytes per schedule step, ``plan["timeline"] = {"before": [...],
     "after": [...], "boundary_before": i, "boundary_after": j}`` (the last
     forward step of each schedule); without it the plan is unchanged.
+    ``split=True``: the result also carries the core's forward/backward split
+    of the rewritten graph (``result.split``: the nodes each module runs, the
+    saved values in order), what ``partition_joint(..., split=result.split)``
+    builds the two modules from; the plan itself is unchanged.
     """
     if not isinstance(timeline, bool):
         raise TypeError(f"hyper_ac.plan: timeline must be a bool, got {type(timeline).__name__}")
+    if not isinstance(split, bool):
+        raise TypeError(f"hyper_ac.plan: split must be a bool, got {type(split).__name__}")
     cfg = load_config(config)
     t0 = time.perf_counter()
     graph_json = _graph_json(graph, model, "plan")
     t1 = time.perf_counter()
-    plan_text = _core.plan(graph_json, cfg.json_for(model), op_policy_json(), timeline=timeline)
+    split_doc = None
+    if split:
+        plan_text, split_text = _core.plan_split(graph_json, cfg.json_for(model), op_policy_json(), timeline=timeline)
+        split_doc = json.loads(split_text)
+    else:
+        plan_text = _core.plan(graph_json, cfg.json_for(model), op_policy_json(), timeline=timeline)
     t2 = time.perf_counter()
-    return PassResult(cfg.mode, json.loads(plan_text), plan_seconds=t2 - t1, serialize_seconds=t1 - t0)
+    return PassResult(cfg.mode, json.loads(plan_text), plan_seconds=t2 - t1, serialize_seconds=t1 - t0,
+                      split=split_doc)
 
 
 class ActivationCheckpointPass(GraphPass):

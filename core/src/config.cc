@@ -219,6 +219,15 @@ HardwareProfile parse_hardware(const json& value, const std::string& key) {
   return profile;
 }
 
+SplitMethod parse_split(const json& value, const std::string& key) {
+  if (!value.is_string()) fail(key, std::string("must be a string (native or torch), got ") + value.type_name());
+  const auto name = value.get<std::string>();
+  if (name == "native") return SplitMethod::Native;
+  if (name == "torch") return SplitMethod::Torch;
+  fail(key, "unknown split '" + name + "'; use native (the core's split) or torch (PyTorch's _extract_fwd_bwd_modules)");
+  return SplitMethod::Native;
+}
+
 Compiler parse_compiler(const json& value, const std::string& key) {
   if (!value.is_string()) fail(key, std::string("must be a string (eager or inductor), got ") + value.type_name());
   const auto name = value.get<std::string>();
@@ -303,6 +312,7 @@ const std::vector<OptionKey>& option_keys() {
        [](const json& v, const std::string& k, Config& c) { c.mincut.hardware = parse_hardware(v, k); }},
       {"ac_compiler", "", "compiler",
        [](const json& v, const std::string& k, Config& c) { c.mincut.compiler = parse_compiler(v, k); }},
+      {"ac_split", "", "split", [](const json& v, const std::string& k, Config& c) { c.split = parse_split(v, k); }},
   };
   return keys;
 }
@@ -452,8 +462,9 @@ OpPolicyTable parse_op_policy(const std::string& json_text) {
 OpPolicyTable merge_op_policy(const OpPolicyTable& base, const std::string& override_json) {
   return table_from_json(parse_json(override_json, "op policy override"), "op_policy", &base);
 }
-
 bool has_budget(const MemoryBudget& budget) { return !std::holds_alternative<std::monostate>(budget); }
+
+const char* to_string(SplitMethod split) { return split == SplitMethod::Native ? "native" : "torch"; }
 
 const char* to_string(Compiler compiler) {
   switch (compiler) {
@@ -496,6 +507,8 @@ std::string config_to_json(const Config& config) {
                          {"memory_bandwidth", config.mincut.hardware.memory_bandwidth}};
   // Written only when not the default, so eager configs keep their canonical form.
   if (config.mincut.compiler != Compiler::Eager) section["compiler"] = to_string(config.mincut.compiler);
+  // Likewise: configs with the default split keep their canonical form.
+  if (config.split != SplitMethod::Native) section["split"] = to_string(config.split);
   json document;
   document["activation_checkpoint"] = section;
   if (!config.op_policy_override.empty()) document["op_policy"] = json::parse(config.op_policy_override);

@@ -48,6 +48,13 @@ struct OpPolicyTable {
 enum class Compiler { Eager, Inductor };
 const char* to_string(Compiler compiler);
 
+// How the backend splits the rewritten joint graph into its forward and
+// backward modules (config key `split`): `native` builds them from the core's
+// split (split.h), `torch` with PyTorch's _extract_fwd_bwd_modules, for
+// comparison. The plan does not depend on it.
+enum class SplitMethod { Native, Torch };
+const char* to_string(SplitMethod split);
+
 // Roofline hardware profile for recompute cost (min-cut modes).
 // Accepted ranges of the floats a config sets (docs/config.md): anything else,
 // and any non-finite value, is a ConfigError naming the key.
@@ -97,6 +104,7 @@ struct Config {
   ScopeOptions scope;
   bool save_forward_all_gather = false;
   RngPolicy rng = RngPolicy::Replay;  // `rng: replay | save`
+  SplitMethod split = SplitMethod::Native;  // `split: native | torch` (read by the Python backend)
   // The config's op_policy section (canonical JSON), empty when absent: the
   // categories it names replace those of the default table.
   std::string op_policy_override;
