@@ -1049,23 +1049,6 @@ class StreamLoader {
     return true;
   }
 
-  std::int32_t find_id(std::int64_t id) const {
-    if (id < 0) return -1;
-    if (id < static_cast<std::int64_t>(dense_.size())) return dense_[static_cast<std::size_t>(id)];
-    if (id < kDenseLimit) return -1;
-    auto it = sparse_.find(id);
-    return it == sparse_.end() ? -1 : it->second;
-  }
-  bool add_id(std::int64_t id, std::int32_t index) {
-    if (id < kDenseLimit) {
-      auto at = static_cast<std::size_t>(id);
-      if (at >= dense_.size()) dense_.resize(std::max(at + 1, dense_.size() * 2), -1);
-      if (dense_[at] >= 0) return false;
-      dense_[at] = index;
-      return true;
-    }
-    return sparse_.emplace(id, index).second;
-  }
 
   void finish_node() {
     constexpr std::uint32_t required = (1u << kId) | (1u << kName) | (1u << kKind) | (1u << kTarget) |
@@ -1074,11 +1057,11 @@ class StreamLoader {
     if (node_.rng_state_bytes > 0 && !node_.rng) return fault();  // the DOM loader names it
     if (node_.ac_graph_id >= 0 && node_.policy == Policy::None) return fault();
     const auto index = static_cast<std::int32_t>(graph_.nodes.size());
-    if (!add_id(node_.id, index)) return fault();
+    if (!ids_.add(node_.id, index)) return fault();
     node_.inputs.reserve(inputs_.size());
     for (auto input_id : inputs_) {
       if (input_id == node_.id) return fault();
-      const std::int32_t found = find_id(input_id);
+      const std::int32_t found = ids_.find(input_id);
       if (found < 0) return fault();
       node_.inputs.push_back(found);
     }
@@ -1111,7 +1094,6 @@ class StreamLoader {
     graph_.nodes.push_back(std::move(node_));
   }
 
-  static constexpr std::int64_t kDenseLimit = std::int64_t{1} << 24;
 
   Graph& graph_;
   bool faulty_ = false;
@@ -1150,8 +1132,7 @@ class StreamLoader {
   int frame_fields_ = 0;
   std::vector<ModuleFrame> frames_;
 
-  std::vector<std::int32_t> dense_;
-  std::unordered_map<std::int64_t, std::int32_t> sparse_;
+  graph_load::IdTable ids_;
   std::unordered_map<std::string, std::int32_t> stack_index_;
 };
 

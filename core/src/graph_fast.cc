@@ -405,11 +405,11 @@ class FastLoader {
     if ((have & required) != required) return false;
     if (node.rng_state_bytes > 0 && !node.rng) return false;
     if (node.ac_graph_id >= 0 && node.policy == Policy::None) return false;
-    if (!add_id(node.id, index)) return false;
+    if (!ids_.add(node.id, index)) return false;
     node.inputs.reserve(input_ids_.size());
     for (auto input_id : input_ids_) {
       if (input_id == node.id) return false;
-      const std::int32_t found = find_id(input_id);
+      const std::int32_t found = ids_.find(input_id);
       if (found < 0) return false;
       node.inputs.push_back(found);
     }
@@ -455,23 +455,6 @@ class FastLoader {
     return std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
   }
 
-  std::int32_t find_id(std::int64_t id) const {
-    if (id < 0) return -1;
-    if (id < static_cast<std::int64_t>(dense_.size())) return dense_[static_cast<std::size_t>(id)];
-    if (id < kDenseLimit) return -1;
-    auto it = sparse_.find(id);
-    return it == sparse_.end() ? -1 : it->second;
-  }
-  bool add_id(std::int64_t id, std::int32_t index) {
-    if (id < kDenseLimit) {
-      const auto at = static_cast<std::size_t>(id);
-      if (at >= dense_.size()) dense_.resize(std::max(at + 1, dense_.size() * 2), -1);
-      if (dense_[at] >= 0) return false;
-      dense_[at] = index;
-      return true;
-    }
-    return sparse_.emplace(id, index).second;
-  }
 
   // Every name once: an open-addressing set of (hash, node index) pairs; a
   // node's name is read only when the hashes agree. Run after the parser is
@@ -499,14 +482,12 @@ class FastLoader {
   }
 
  private:
-  static constexpr std::int64_t kDenseLimit = std::int64_t{1} << 24;
 
   Graph& graph_;
   std::size_t text_size_;
   std::int64_t version_ = 0;
   std::vector<std::int32_t> table_index_;
-  std::vector<std::int32_t> dense_;
-  std::unordered_map<std::int64_t, std::int32_t> sparse_;
+  graph_load::IdTable ids_;
   std::unordered_map<std::string, std::int32_t> stack_index_;
   std::string stack_key_;
   // scratch, reused node to node

@@ -9,13 +9,47 @@
 // for the exact error) on the same bytes.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 #include <string_view>
+#include <unordered_map>
+#include <vector>
 
 #include "hyper_ac/graph.h"
 
 namespace hyper_ac {
 namespace graph_load {
+
+// Document node ids to node indices, for both loaders: a dense table for ids
+// below 2^24 (what serialisers write), a hash map above.
+class IdTable {
+ public:
+  // The index of `id`; -1 = not (yet) loaded.
+  std::int32_t find(std::int64_t id) const {
+    if (id < 0) return -1;
+    if (id < static_cast<std::int64_t>(dense_.size())) return dense_[static_cast<std::size_t>(id)];
+    if (id < kDenseLimit) return -1;
+    auto it = sparse_.find(id);
+    return it == sparse_.end() ? -1 : it->second;
+  }
+  // False: `id` is already taken (ids are checked >= 0 by the caller).
+  bool add(std::int64_t id, std::int32_t index) {
+    if (id < kDenseLimit) {
+      const auto at = static_cast<std::size_t>(id);
+      if (at >= dense_.size()) dense_.resize(std::max(at + 1, dense_.size() * 2), -1);
+      if (dense_[at] >= 0) return false;
+      dense_[at] = index;
+      return true;
+    }
+    return sparse_.emplace(id, index).second;
+  }
+
+ private:
+  static constexpr std::int64_t kDenseLimit = std::int64_t{1} << 24;
+  std::vector<std::int32_t> dense_;
+  std::unordered_map<std::int64_t, std::int32_t> sparse_;
+};
 
 // True: `result.graph` holds the document's graph (stats are left to the caller).
 // False: not accepted; `result` is unspecified.

@@ -5,6 +5,13 @@
 
 namespace hyper_ac::testing {
 
+// The names of nodes given by index, in order.
+inline std::vector<std::string> names(const Graph& g, const std::vector<std::int32_t>& indices) {
+  std::vector<std::string> out;
+  for (auto i : indices) out.push_back(g.nodes[static_cast<std::size_t>(i)].name);
+  return out;
+}
+
 // Two transformer-like units (layers.0, layers.1) with an MLP each and a head.
 //   mm_i = mm(in, w_i) @layers.i.mlp; relu_i = relu(mm_i) @layers.i.mlp; mul_i = mul(relu_i, relu_i) @layers.i
 inline GraphBuilder two_units(bool with_model = true) {

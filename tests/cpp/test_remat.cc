@@ -12,12 +12,6 @@ using namespace hyper_ac::testing;
 
 namespace {
 
-std::vector<std::string> names(const Graph& g, const std::vector<std::int32_t>& indices) {
-  std::vector<std::string> out;
-  for (auto i : indices) out.push_back(g.nodes[static_cast<std::size_t>(i)].name);
-  return out;
-}
-
 // A random joint graph: forward DAG over a few placeholders, a backward that
 // reads random forward values, policies drawn at random.
 std::pair<Graph, std::vector<Policy>> random_graph(std::mt19937& rng, int forward, int backward) {

@@ -12,12 +12,6 @@ using namespace hyper_ac::testing;
 
 namespace {
 
-std::vector<std::string> names(const Graph& g, const std::vector<std::int32_t>& indices) {
-  std::vector<std::string> out;
-  for (auto i : indices) out.push_back(g.nodes[static_cast<std::size_t>(i)].name);
-  return out;
-}
-
 std::vector<std::string> saved_names(const Graph& g, const Split& split) {
   std::vector<std::string> out;
   for (const auto& s : split.saved)
