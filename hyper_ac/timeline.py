@@ -195,18 +195,24 @@ def memory(captured: Any, config: Any, *, model: Any = None, inputs: Optional[li
         return MemoryTimeline(tl["before"], tl["after"], mode=cfg.mode, stats=result.stats,
                               source="simulated by the core (live activation bytes while each schedule step runs)",
                               boundary_before=tl["boundary_before"], boundary_after=tl["boundary_after"])
+    from hyper_ac.apply import apply_elided_copies
+
     with warnings.catch_warnings():  # torch's own deprecation noise from copying pytree specs
         warnings.simplefilter("ignore", FutureWarning)
         after = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+        unchanged = fx.GraphModule(gm, copy.deepcopy(gm.graph))
     ac = hyper_ac.ActivationCheckpointPass(cfg)
     ac.run(after, model=model)
+    # "Before" is the graph the core planned: no checkpointing, exact copies elided (docs/graph-format.md).
+    if apply_elided_copies(unchanged, ac.result.plan):
+        unchanged.recompile()
     args = list(inputs) if inputs is not None else _inputs_for(gm, captured)
-    before = _measure(gm, args)
+    before = _measure(unchanged, args)
     after_values = _measure(after, args)
     return MemoryTimeline(before, after_values, mode=cfg.mode, stats=ac.result.stats,
                           source="measured: each graph run once on CPU under hyper_ac.memory (bytes alive "
                                  "while each node runs)",
-                          boundary_before=_boundary(gm), boundary_after=_boundary(after))
+                          boundary_before=_boundary(unchanged), boundary_after=_boundary(after))
 
 
 class Frontier(list):
