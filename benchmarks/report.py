@@ -378,8 +378,13 @@ MEMORY_TRUTH_NOTES = """Why simulated and measured differ:
   `make_boxed_func(gm.forward)` (`--fx-runner plain`: torch's `boxed_nop`; `hyper_ac.backend(compiler="eager")` runs boxed code since this was measured)
   the caller's frame holds the list until the backward returns: every saved activation stays alive while all
   gradients are produced, and the measured peak is about saved + gradients — 13–31% above the simulation on
-  these models. With the boxed runner the real step equals the joint run or sits up to one activation-sized
-  tensor (0.25 MiB here) below it.
+  these models. With the boxed runner the real step equals the joint run, or sits up to one activation-sized
+  tensor (0.25 MiB here) above it where the partitioned modules order a free differently (BERT `selective`/`auto`,
+  Llama `budget`: −1.6 to −2.0%).
+- **The model's outputs.** The step holds the model's output object (logits included) until `backward()` returns,
+  as the joint graph returns it and the simulator assumes. A loop that drops it before `backward()` peaks lower by
+  up to its bytes (0.25 MiB of logits on GPT-2/Llama here; +2 to +3.8% for the simulation when this bench did so).
+- **`none` is stock** and keeps the exact copies the core elides (one per layer here), hence its −10 to −19%.
 - **Simulator vs joint run** (the simulator's own error): exact in every mode here. It frees each element of a
   multi-output producer (`native_layer_norm`'s output/mean/rstd, attention's tuple) on its own, as the allocator
   does; before it did, it kept the tuple as one storage until its last reader and over-estimated `full` mode by up

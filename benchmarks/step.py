@@ -83,8 +83,10 @@ def run_strategy(name: str, strategy: str, opts: StepOptions) -> tuple[dict, Opt
         fn = _make_step_fn(strategy, model, probe, opts.runner)
 
         def step() -> Any:
-            loss = _loss_of(fn(**batch))
+            out = fn(**batch)  # held until backward() returns, as a loop that keeps `outputs` does
+            loss = _loss_of(out)
             loss.backward()
+            del out
             return loss.detach()
 
         # warm-up / compile step: compile-time allocations never reach the measured step
@@ -106,10 +108,12 @@ def run_strategy(name: str, strategy: str, opts: StepOptions) -> tuple[dict, Opt
             with hooks:
                 out = fn(**batch)
                 loss = _loss_of(out)
-                del out
             probe.recording = False
             retained = tracker.current_bytes if tracker is not None else None
+            # The model's outputs (logits) stay alive through the backward, as the
+            # joint graph returns them and the core's simulator assumes.
             loss.backward()
+            del out
         loss = loss.detach()
         grads = _grads(model)
         row["peak_bytes"] = tracker.peak_bytes if tracker is not None else None
