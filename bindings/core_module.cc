@@ -71,6 +71,10 @@ PYBIND11_MODULE(_core, m) {
     return config_to_json(parse_config(config_json));
   }, py::arg("config_json"), "Validate a config; return its canonical JSON.");
 
+  m.def("correctness_reasons", []() { return correctness_reasons(); },
+        "The plan's `reasons` that pin a node for correctness (in-place, rng, collective): a stock partitioner "
+        "must keep those nodes saved.");
+
   m.def("validate_op_policy", [](const std::string& table_json) {
     parse_op_policy(table_json);
   }, py::arg("table_json"));

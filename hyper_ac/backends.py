@@ -98,11 +98,10 @@ def write_decisions(joint: fx.GraphModule, plan: Any) -> None:
             node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
 
 
-# Reasons the core pins a value for correctness, not cost: a replay would read
-# storage an in-place write changed, draw fresh random numbers, or re-run a
-# collective. PyTorch's min-cut does not know the first (it recomputes reads of
+# The reasons the core names as correctness pins (tagging.h: in-place, rng,
+# collective). PyTorch's min-cut does not know the first (it recomputes reads of
 # a buffer the step updates in place), so these pins go with every stock call.
-_CORRECTNESS_PINS = ("in-place", "rng", "collective")
+_CORRECTNESS_PINS = frozenset(_core.correctness_reasons())
 
 
 def write_correctness_pins(joint: fx.GraphModule, plan: Any) -> int:

@@ -348,4 +348,14 @@ TagResult detail::tag_policies(const Graph& graph, const NodeIndex& index, const
   return std::move(tagger.result);
 }
 
+const std::vector<std::string>& correctness_reasons() {
+  static const std::vector<std::string> reasons = {"in-place", "rng", "collective"};
+  return reasons;
+}
+
+bool is_correctness_reason(const std::string& reason) {
+  const auto& reasons = correctness_reasons();
+  return std::find(reasons.begin(), reasons.end(), reason) != reasons.end();
+}
+
 }  // namespace hyper_ac

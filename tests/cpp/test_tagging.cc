@@ -412,3 +412,25 @@ TEST_CASE("a model MUST_RECOMPUTE on an RNG op is a conflict naming the node", "
   soft.placeholder("t", "tangent", 4, "backward").bwd("g", "aten::threshold_backward.default", {"t", "relu"}).output({"out", "g"});
   CHECK(policies(soft, run(soft, R"({"ac_mode": "auto"})"))["drop"] == "MUST_SAVE");
 }
+
+TEST_CASE("correctness pins: rng, in-place and collective saves, never the cost-driven ones", "[tagging]") {
+  GraphBuilder b;
+  b.placeholder("x");
+  b.op("drop", "aten::native_dropout.default", {"x"}, "", {{"rng", true}})
+      .op("relu", "aten::relu.default", {"drop"})
+      .op("out", "aten::sum.default", {"relu"});
+  b.placeholder("t", "tangent", 4, "backward").bwd("g", "aten::threshold_backward.default", {"t", "relu"}).output({"out", "g"});
+  const Graph graph = b.graph();
+  const PlanResult r = run(b, R"({"ac_mode": "full", "ac_scope": "whole_graph", "ac_rng": "save"})");
+  std::size_t drop = 0;
+  while (graph.nodes[drop].name != "drop") ++drop;
+  REQUIRE(r.tags.reasons[drop] == "rng");
+  CHECK(is_correctness_reason(r.tags.reasons[drop]));
+  CHECK(is_correctness_reason("in-place"));
+  CHECK(is_correctness_reason("collective"));
+  for (const char* reason : {"cross-unit", "user", "user-boundary", "symint", "inherited", ""}) {
+    INFO(reason);
+    CHECK_FALSE(is_correctness_reason(reason));
+  }
+  CHECK(correctness_reasons().size() == 3);
+}

@@ -73,6 +73,14 @@ struct TagResult {
 // preference. Cross-unit saves never apply to them.
 TagResult tag_policies(const Graph& graph, const Scope& scope, const TagOptions& options);
 
+// The TagResult::reasons that pin a node for correctness rather than for
+// memory or structure: a replay would read a storage an in-place write
+// changed ("in-place"), draw fresh random numbers ("rng") or re-run a
+// collective ("collective"). A caller that hands the graph to another
+// partitioner (the backend's stock route) must keep these nodes saved.
+bool is_correctness_reason(const std::string& reason);
+const std::vector<std::string>& correctness_reasons();
+
 // Whether `target` ("aten::mm.default") is named by an entry ("aten::mm" or "aten::mm.default").
 bool op_matches(const std::vector<std::string>& entries, const std::string& target);
 
