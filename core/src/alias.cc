@@ -41,6 +41,10 @@ std::vector<std::int32_t> storage_roots(const Graph& graph) {
 std::vector<ElidedCopy> elide_copies(Graph& graph) {
   const std::size_t n = graph.nodes.size();
   std::vector<ElidedCopy> elided;
+  // Most graphs carry no copy flag: skip the storage walk for them.
+  bool flagged = false;
+  for (const Node& node : graph.nodes) flagged = flagged || node.copy;
+  if (!flagged) return elided;
   if (graph.users.size() != n) graph.finalize();
   const std::vector<std::int32_t> roots = storage_roots(graph);
   std::vector<char> written(n, 0);
