@@ -127,8 +127,10 @@ def annotate_joint(
     * ``meta["autograd_backward"]``: ``False`` for forward nodes, ``True`` for
       backward ones. Forward = not reachable from a tangent (or a node
       partitioner-tagged ``must_be_in_backward``) AND placed no later than the
-      last node the forward outputs depend on / the last node tagged
-      ``is_forward``. That is torch's ``default_partition`` placement
+      last node the forward outputs (or a ``must_be_in_forward`` node) depend
+      on / the last node tagged ``is_forward``; a ``must_be_in_forward`` node
+      (the ``copy_`` of an input mutation, placed after the backward) is
+      forward wherever it sits. That is torch's ``default_partition`` placement
       ("non-tangent nodes up to the last forward node") intersected with the
       complement of ``classify_nodes``' tangent closure; the ``output`` node is
       backward, and an ``operator.getitem`` has its producer's phase (a
@@ -173,12 +175,27 @@ def annotate_joint(
             continue
         fwd_required.add(n)
         stack.extend(n.all_input_nodes)
+    # Nodes the forward must run wherever they sit: the input-mutation epilogue
+    # (``copy_`` into a buffer, tagged ``must_be_in_forward``) comes after the
+    # backward in the joint. They and their inputs are forward, but their
+    # position must not stretch the boundary over the backward, or every
+    # tangent-free backward node (a decomposed batch-norm backward's x - mean)
+    # would count as forward.
+    pinned_forward = [n for n in nodes if n.meta.get("partitioner_tag") == "must_be_in_forward" and n.op != "placeholder"]
+    stack = [i for n in pinned_forward for i in n.all_input_nodes]
+    while stack:
+        n = stack.pop()
+        if n in fwd_required:
+            continue
+        fwd_required.add(n)
+        stack.extend(n.all_input_nodes)
     boundary = -1
     for n in fwd_required:
         boundary = max(boundary, index[n])
     for n in nodes:
-        if n.meta.get("partitioner_tag") in ("is_forward", "must_be_in_forward") and n.op != "placeholder":
+        if n.meta.get("partitioner_tag") == "is_forward" and n.op != "placeholder":
             boundary = max(boundary, index[n])
+    pinned = set(pinned_forward)
     # Tangent closure (classify_nodes' required_bw_nodes before adding outputs).
     backward: set[fx.Node] = set()
     for n in nodes:
@@ -196,7 +213,7 @@ def annotate_joint(
                 backward.add(n)
             continue
         if (
-            index[n] > boundary
+            (index[n] > boundary and n not in pinned)
             or n.meta.get("partitioner_tag") == "must_be_in_backward"
             or any(i in backward for i in n.all_input_nodes)
         ):

@@ -479,3 +479,64 @@ def test_data_dependent_shapes_compile_route_only():
     assert any(n["symint"] for n in doc["nodes"])
     with pytest.raises(CaptureError, match="export route cannot trace _MaskedSum.*route='compile'"):
         capture_joint(_MaskedSum(), torch.randn(4, 8), route="export")
+
+
+class _ConvBNStack(nn.Module):
+    """Residual conv/batch-norm blocks: training-mode batch norm updates its running stats in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.GELU())
+                                     for _ in range(3)])
+
+    def forward(self, x):
+        x = self.stem(x)
+        for block in self.blocks:
+            x = x + block(x)
+        return x.pow(2).mean()
+
+
+def test_inductor_buffer_update_epilogue_does_not_pull_the_backward_forward(monkeypatch):
+    # Inductor keeps the running-stat updates in the joint graph as `copy_` nodes
+    # tagged must_be_in_forward and placed after the backward. They are forward,
+    # but the tangent-free nodes of the decomposed batch-norm backward before them
+    # (x - mean, ...) stay backward: otherwise every block value they read looks
+    # read by a forward node outside its unit and `full` replays nothing.
+    import hyper_ac
+    from hyper_ac import annotate as annotate_module
+
+    joints, results = [], []
+    real = annotate_module.annotate_joint
+
+    def keep(gm, *args, **kwargs):
+        out = real(gm, *args, **kwargs)
+        joints.append(gm)
+        return out
+
+    monkeypatch.setattr(annotate_module, "annotate_joint", keep)
+    torch.manual_seed(0)
+    model, x = _ConvBNStack(), torch.randn(2, 3, 16, 16)
+    stock, ours = copy.deepcopy(model), copy.deepcopy(model)
+    torch._dynamo.reset()
+    try:
+        torch.compile(stock, backend="inductor")(x).backward()
+        backend = hyper_ac.backend({"ac_mode": "full"}, model=ours, compiler="inductor", on_result=results.append)
+        torch.compile(ours, backend=backend)(x).backward()
+    finally:
+        torch._dynamo.reset()
+    gm = joints[0]
+    epilogue = [n for n in gm.graph.nodes if n.meta.get("partitioner_tag") == "must_be_in_forward"]
+    assert epilogue and all(n.meta["autograd_backward"] is False for n in epilogue)
+    first_tangent_user = min(i for i, n in enumerate(gm.graph.nodes)
+                             if any(a.op == "placeholder" and a.meta.get("ac_role") == "tangent" for a in n.all_input_nodes))
+    assert all(i > first_tangent_user for i, n in enumerate(gm.graph.nodes) if n in epilogue)
+    for n in gm.graph.nodes:
+        tag = n.meta.get("partitioner_tag")
+        if tag in ("is_forward", "is_backward"):
+            assert n.meta["autograd_backward"] == (tag == "is_backward"), n.name
+    assert results[0].stats["nodes_duplicated"] > 0
+    for a, b in zip(stock.parameters(), ours.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+    for a, b in zip(stock.buffers(), ours.buffers()):
+        torch.testing.assert_close(a, b)
