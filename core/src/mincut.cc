@@ -70,8 +70,10 @@ struct Cut {
 // the candidate set, feasibility. Built once, solved for many lambdas.
 class Solver {
  public:
-  Solver(const Graph& graph, const std::vector<Policy>& tags, const MinCutOptions& options)
-      : graph_(graph), tags_(tags), options_(options), index_(graph) {
+  // `index` is the graph's node index (schedule.h), built by the caller.
+  Solver(const Graph& graph, const detail::NodeIndex& index, const std::vector<Policy>& tags,
+         const MinCutOptions& options)
+      : graph_(graph), tags_(tags), options_(options), index_(index) {
     check_options();
     classify();
     collect_candidates();
@@ -142,7 +144,7 @@ class Solver {
   const Graph& graph_;
   const std::vector<Policy>& tags_;
   const MinCutOptions& options_;
-  detail::NodeIndex index_;                       // compact node facts (flags, inputs, bytes)
+  const detail::NodeIndex& index_;                // compact node facts (flags, inputs, bytes)
 
   std::vector<char> free_;                        // saved at no cost, never recomputed
   std::vector<const char*> never_recompute_;      // reason or nullptr
@@ -731,27 +733,38 @@ bool same_cut(const Cut& a, const Cut& b) { return a.saved == b.saved && a.recom
 }  // namespace
 
 MinCutResult solve_min_cut(const Graph& graph, const std::vector<Policy>& tags, const MinCutOptions& options) {
+  return detail::solve_min_cut(graph, detail::NodeIndex(graph), tags, options);
+}
+
+MinCutResult detail::solve_min_cut(const Graph& graph, const NodeIndex& index, const std::vector<Policy>& tags,
+                                   const MinCutOptions& options) {
   auto start = std::chrono::steady_clock::now();
-  Solver solver(graph, tags, options);
+  Solver solver(graph, index, tags, options);
   MinCutResult result = to_result(solver.solve(options.lambda));
   result.solve_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }
 
 FlowNetwork flow_network(const Graph& graph, const std::vector<Policy>& tags, const MinCutOptions& options) {
-  Solver solver(graph, tags, options);
+  const detail::NodeIndex index(graph);
+  Solver solver(graph, index, tags, options);
   return solver.export_network(options.lambda);
 }
 
 ParetoResult pareto(const Graph& graph, const std::vector<Policy>& tags, const MinCutOptions& options,
                     const ParetoOptions& sweep) {
+  return detail::pareto(graph, detail::NodeIndex(graph), tags, options, sweep);
+}
+
+ParetoResult detail::pareto(const Graph& graph, const NodeIndex& index, const std::vector<Policy>& tags,
+                            const MinCutOptions& options, const ParetoOptions& sweep) {
   auto start = std::chrono::steady_clock::now();
   if (!(std::isfinite(sweep.lambda_min) && std::isfinite(sweep.lambda_max) && sweep.lambda_min >= 0.0 &&
         sweep.lambda_min <= sweep.lambda_max))
     throw std::invalid_argument("pareto: need 0 <= lambda_min <= lambda_max, got " +
                                 format_double(sweep.lambda_min) + " and " + format_double(sweep.lambda_max));
   if (sweep.max_solves < 2) throw std::invalid_argument("pareto: max_solves must be >= 2");
-  Solver solver(graph, tags, options);
+  Solver solver(graph, index, tags, options);
   std::vector<Cut> cuts;
   cuts.push_back(solver.solve(sweep.lambda_min));
   std::size_t solves = 1;

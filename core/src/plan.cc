@@ -220,7 +220,7 @@ Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& ind
   const std::int64_t target = budget_target(graph, config.mincut.memory_budget, all_saved);
   result.stats.budget_bytes = target;
   auto stage = Clock::now();
-  ParetoResult frontier = pareto(graph, result.tags.policies, stages.mincut);
+  ParetoResult frontier = detail::pareto(graph, index, result.tags.policies, stages.mincut);
   result.timings.mincut_seconds = seconds_since(stage);
   Evaluation chosen;
   bool met = false, any = false;
@@ -274,14 +274,15 @@ Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& ind
 }
 
 // Scope and tags as the `auto` mode sees them (the frontier and the flow network).
-TagResult auto_tags(const Graph& graph, const PlanOptions& options, StageOptions& stages, Scope* scope_out = nullptr) {
+TagResult auto_tags(const Graph& graph, const detail::NodeIndex& index, const PlanOptions& options, StageOptions& stages,
+                    Scope* scope_out = nullptr) {
   Config config = options.config;
   config.mode = Mode::Auto;
   config.mincut.memory_budget = std::monostate{};
   stages = stage_options(config, options.op_policy);
-  Scope scope = resolve_scope(graph, stages.scope);
+  Scope scope = detail::resolve_scope(graph, index, stages.scope);
   stages.mincut.charge_inputs = scope.whole_graph;
-  TagResult tags = tag_policies(graph, scope, stages.tag);
+  TagResult tags = detail::tag_policies(graph, index, scope, stages.tag);
   if (scope_out != nullptr) *scope_out = std::move(scope);
   return tags;
 }
@@ -358,7 +359,7 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
   Evaluation evaluation;
   if (config.mode == Mode::Auto) {
     stage = Clock::now();
-    MinCutResult cut = solve_min_cut(graph, result.tags.policies, stages.mincut);
+    MinCutResult cut = detail::solve_min_cut(graph, index, result.tags.policies, stages.mincut);
     result.timings.mincut_seconds = seconds_since(stage);
     for (const auto& note : cut.diagnostics) result.diagnostics.push_back(note);
     evaluation = evaluate_indexed(graph, index, cut.policies, stages.cost, unit_schedule(result.scope));
@@ -405,11 +406,11 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
 std::vector<Evaluation> pareto(const Graph& graph, const PlanOptions& options) {
   StageOptions stages;
   Scope scope;
-  const TagResult tags = auto_tags(graph, options, stages, &scope);
-  ParetoResult frontier = pareto(graph, tags.policies, stages.mincut);
+  const detail::NodeIndex index(graph);
+  const TagResult tags = auto_tags(graph, index, options, stages, &scope);
+  ParetoResult frontier = detail::pareto(graph, index, tags.policies, stages.mincut);
   std::vector<Evaluation> points;
   const RematOptions schedule = unit_schedule(scope);
-  const detail::NodeIndex index(graph);
   SecondsCache seconds;
   for (const auto& point : frontier.points) {
     points.push_back(evaluate_indexed(graph, index, point.policies, stages.cost, schedule, &seconds));
@@ -420,7 +421,8 @@ std::vector<Evaluation> pareto(const Graph& graph, const PlanOptions& options) {
 
 FlowNetwork flow_network(const Graph& graph, const PlanOptions& options) {
   StageOptions stages;
-  const TagResult tags = auto_tags(graph, options, stages);
+  const detail::NodeIndex index(graph);
+  const TagResult tags = auto_tags(graph, index, options, stages);
   return flow_network(graph, tags.policies, stages.mincut);
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "hyper_ac/graph.h"
+#include "hyper_ac/mincut.h"
 #include "hyper_ac/remat.h"
 #include "hyper_ac/scope.h"
 #include "hyper_ac/simulate.h"
@@ -79,6 +80,12 @@ TagResult tag_policies(const Graph& graph, const NodeIndex& index, const Scope& 
 
 // remat.h's pin_tuple_projections over the index.
 std::size_t pin_tuple_projections(const NodeIndex& index, std::vector<Policy>& policies);
+
+// mincut.h's solve_min_cut and pareto with a prebuilt index.
+MinCutResult solve_min_cut(const Graph& graph, const NodeIndex& index, const std::vector<Policy>& tags,
+                           const MinCutOptions& options);
+ParetoResult pareto(const Graph& graph, const NodeIndex& index, const std::vector<Policy>& tags,
+                    const MinCutOptions& options, const ParetoOptions& sweep = {});
 
 // The public entry points with a prebuilt index (remat.h, simulate.h).
 RematPlan plan_remat(const Graph& graph, const NodeIndex& index, const std::vector<Policy>& policies,
