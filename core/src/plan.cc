@@ -98,10 +98,12 @@ Evaluation evaluate_indexed(const Graph& graph, const detail::NodeIndex& index, 
                             const CostOptions& cost, const RematOptions& remat, SecondsCache* seconds = nullptr) {
   Evaluation evaluation;
   auto stage = Clock::now();
-  evaluation.remat = detail::plan_remat(graph, index, policies, remat);
+  detail::FlatSchedule validated;  // the rewritten schedule plan_remat's validation built, if it ran
+  evaluation.remat = detail::plan_remat(graph, index, policies, remat, &validated);
   evaluation.remat_seconds = seconds_since(stage);
   stage = Clock::now();
-  const SimulateResult simulated = detail::simulate_memory(graph, index, &evaluation.remat, {});
+  const SimulateResult simulated = remat.validate ? detail::simulate_memory(graph, index, validated, {})
+                                                  : detail::simulate_memory(graph, index, &evaluation.remat, {});
   evaluation.simulate_seconds = seconds_since(stage);
   evaluation.saved_bytes = evaluation.remat.stats.saved_bytes_after;
   evaluation.recompute_flops = evaluation.remat.stats.recompute_flops;

@@ -256,7 +256,7 @@ RematPlan plan_remat(const Graph& graph, const std::vector<Policy>& requested, c
 }
 
 RematPlan detail::plan_remat(const Graph& graph, const NodeIndex& index, const std::vector<Policy>& requested,
-                             const RematOptions& options) {
+                             const RematOptions& options, FlatSchedule* validated) {
   const std::size_t n = graph.nodes.size();
   if (requested.size() != n)
     throw std::invalid_argument("plan_remat: " + std::to_string(requested.size()) + " policies for " + std::to_string(n) +
@@ -367,7 +367,7 @@ RematPlan detail::plan_remat(const Graph& graph, const NodeIndex& index, const s
     plan.stats.saved_bytes_after += node.rng_state_bytes;
   }
 
-  if (options.validate) detail::validate_plan(graph, index, plan);
+  if (options.validate) detail::validate_plan(graph, index, plan, validated);
   return plan;
 }
 
@@ -384,7 +384,7 @@ std::vector<ScheduleStep> rewritten_schedule(const Graph& graph, const RematPlan
 
 void validate_plan(const Graph& graph, const RematPlan& plan) { detail::validate_plan(graph, detail::NodeIndex(graph), plan); }
 
-void detail::validate_plan(const Graph& graph, const NodeIndex& index, const RematPlan& plan) {
+void detail::validate_plan(const Graph& graph, const NodeIndex& index, const RematPlan& plan, FlatSchedule* schedule_out) {
   const std::size_t n = graph.nodes.size();
   std::vector<char> has_dup(n, 0);
   // repeated[d]: an earlier duplicate has the same (of, before). Found per
@@ -438,7 +438,7 @@ void detail::validate_plan(const Graph& graph, const NodeIndex& index, const Rem
     if (std::find(inputs.begin(), inputs.end(), r.input) == inputs.end())
       throw PlanError("redirect of " + name_of(graph, r.node) + " names " + name_of(graph, r.input) + ", which it does not read");
   }
-  const detail::FlatSchedule schedule = detail::flat_schedule(graph, index, plan);
+  detail::FlatSchedule schedule = detail::flat_schedule(graph, index, plan);
   for (std::size_t s = 0; s < schedule.size(); ++s) {
     const auto first = static_cast<std::size_t>(schedule.start[s]), last = static_cast<std::size_t>(schedule.start[s + 1]);
     for (std::size_t k = first; k < last; ++k) {
@@ -449,6 +449,7 @@ void detail::validate_plan(const Graph& graph, const NodeIndex& index, const Rem
       throw PlanError(who + " reads " + name_of(graph, node.inputs[k - first]) + " before it is available in the rewritten graph");
     }
   }
+  if (schedule_out != nullptr) *schedule_out = std::move(schedule);
 }
 
 }  // namespace hyper_ac

@@ -88,10 +88,18 @@ ParetoResult pareto(const Graph& graph, const NodeIndex& index, const std::vecto
                     const MinCutOptions& options, const ParetoOptions& sweep = {});
 
 // The public entry points with a prebuilt index (remat.h, simulate.h).
+// `validated` (optional): where plan_remat's validation leaves the rewritten
+// schedule it checked (only when options.validate), so the simulation of the
+// same plan need not build it again.
 RematPlan plan_remat(const Graph& graph, const NodeIndex& index, const std::vector<Policy>& policies,
-                     const RematOptions& options);
-void validate_plan(const Graph& graph, const NodeIndex& index, const RematPlan& plan);
+                     const RematOptions& options, FlatSchedule* validated = nullptr);
+void validate_plan(const Graph& graph, const NodeIndex& index, const RematPlan& plan,
+                   FlatSchedule* schedule_out = nullptr);
 SimulateResult simulate_memory(const Graph& graph, const NodeIndex& index, const RematPlan* plan,
+                               const SimulateOptions& options);
+// simulate_memory over a schedule already built (flat_schedule of the plan, or
+// original_flat_schedule).
+SimulateResult simulate_memory(const Graph& graph, const NodeIndex& index, const FlatSchedule& schedule,
                                const SimulateOptions& options);
 
 }  // namespace detail

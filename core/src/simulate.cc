@@ -56,8 +56,13 @@ SimulateResult simulate_memory(const Graph& graph, const RematPlan* plan, const 
 
 SimulateResult detail::simulate_memory(const Graph& graph, const NodeIndex& index, const RematPlan* plan,
                                        const SimulateOptions& options) {
+  return simulate_memory(graph, index,
+                         plan ? detail::flat_schedule(graph, index, *plan) : detail::original_flat_schedule(index), options);
+}
+
+SimulateResult detail::simulate_memory(const Graph& graph, const NodeIndex& index, const FlatSchedule& schedule,
+                                       const SimulateOptions& options) {
   using Flag = NodeIndex::Flag;
-  const detail::FlatSchedule schedule = plan ? detail::flat_schedule(graph, index, *plan) : detail::original_flat_schedule(index);
   const std::size_t steps = schedule.size();
   const auto end_of_time = static_cast<std::int32_t>(steps);
   SimulateResult result;
