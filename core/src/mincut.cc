@@ -204,8 +204,8 @@ void Solver::classify() {
 
   std::vector<char> output_read(n, 0);
   for (std::size_t i = 0; i < n; ++i)
-    if (graph_.nodes[i].kind == NodeKind::Output)
-      for (auto input : graph_.nodes[i].inputs) output_read[static_cast<std::size_t>(input)] = 1;
+    if (index_.has(i, detail::NodeIndex::kOutput))
+      for_inputs(i, [&](std::int32_t input) { output_read[static_cast<std::size_t>(input)] = 1; });
 
   for (std::size_t i = 0; i < n; ++i) {
     const Node& node = graph_.nodes[i];
@@ -258,7 +258,7 @@ void Solver::classify() {
     if (tag == Policy::PreferRecompute) bytes *= options_.prefer_recompute_factor;
     save_bytes_[i] = bytes;
     double seconds = groups_.group[i] >= 0 ? member_seconds(graph_, groups_, index, options_.cost)
-                                           : recompute_seconds(graph_, index, options_.cost);
+                                           : detail::recompute_seconds(graph_, index_, index, options_.cost);
     if (tag == Policy::PreferSave) seconds *= options_.prefer_save_factor;
     seconds_[i] = seconds;
   }
@@ -309,7 +309,7 @@ void Solver::collect_candidates() {
   for (auto v : candidates_) {
     const auto i = static_cast<std::size_t>(v);
     const Node& node = graph_.nodes[i];
-    plain_seconds_[i] = recompute_seconds(graph_, v, options_.cost);
+    plain_seconds_[i] = detail::recompute_seconds(graph_, index_, v, options_.cost);
     flops_[i] = node.flops;
     state_bytes_[i] = node.rng ? node.rng_state_bytes : 0;
   }

@@ -115,9 +115,15 @@ Evaluation evaluate_indexed(const Graph& graph, const detail::NodeIndex& index, 
     double total = 0.0;
     for (const auto& dup : evaluation.remat.duplicates) {
       double& own = (*seconds)[static_cast<std::size_t>(dup.of)];
-      if (std::isnan(own)) own = recompute_seconds(graph, dup.of, cost);
+      if (std::isnan(own)) own = detail::recompute_seconds(graph, index, dup.of, cost);
       total = add_finite(total, own);
     }
+    evaluation.recompute_seconds = total;
+  } else if (cost.compiler == Compiler::Eager) {
+    // recompute_seconds(graph, replayed, cost) under eager, off the index.
+    double total = 0.0;
+    for (const auto& dup : evaluation.remat.duplicates)
+      total = add_finite(total, detail::recompute_seconds(graph, index, dup.of, cost));
     evaluation.recompute_seconds = total;
   } else {
     std::vector<std::int32_t> replayed;
@@ -183,7 +189,7 @@ Descent descend_within_budget(const Graph& graph, const detail::NodeIndex& index
     std::vector<char> duplicated(graph.nodes.size(), 0);
     for (const auto& dup : chosen.remat.duplicates) {
       const auto v = static_cast<std::size_t>(dup.of);
-      own[v] += recompute_seconds(graph, dup.of, cost);
+      own[v] += detail::recompute_seconds(graph, index, dup.of, cost);
       duplicated[v] = 1;
     }
     for (std::size_t v = 0; v < graph.nodes.size(); ++v)
@@ -393,7 +399,8 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
   }
 
   bool already_rematted = false;
-  for (const auto& node : graph.nodes) already_rematted = already_rematted || !node.recomputed_from.empty();
+  for (std::size_t i = 0; i < index.size() && !already_rematted; ++i)
+    already_rematted = index.has(i, detail::NodeIndex::kRecomputedFrom);
   if (result.remat.duplicates.empty() && !result.scope.regions.empty() && !already_rematted)
     result.diagnostics.push_back(
         {Severity::Warning, -1,

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "hyper_ac/cost.h"
 #include "hyper_ac/graph.h"
 #include "hyper_ac/mincut.h"
 #include "hyper_ac/remat.h"
@@ -35,7 +36,8 @@ struct NodeIndex {
     kGetitem = 256,        // operator.getitem (alias.h is_getitem)
     kMutated = 512,        // Node::mutated
     kMutatesInputs = 1024, // Node::mutated_inputs non-empty
-    kSymint = 2048         // Node::symint
+    kSymint = 2048,        // Node::symint
+    kView = 4096           // Node::view
   };
 
   std::size_t size() const { return flags.size(); }
@@ -80,6 +82,11 @@ TagResult tag_policies(const Graph& graph, const NodeIndex& index, const Scope& 
 
 // remat.h's pin_tuple_projections over the index.
 std::size_t pin_tuple_projections(const NodeIndex& index, std::vector<Policy>& policies);
+
+// cost.h's recompute_seconds(graph, node, options) off the index (the node's
+// own flops and kind; output bytes of it and its inputs from the index): the
+// same value, without touching the inputs' Node structs.
+double recompute_seconds(const Graph& graph, const NodeIndex& index, std::int32_t node, const CostOptions& options);
 
 // mincut.h's solve_min_cut and pareto with a prebuilt index.
 MinCutResult solve_min_cut(const Graph& graph, const NodeIndex& index, const std::vector<Policy>& tags,
