@@ -45,6 +45,7 @@ NodeIndex::NodeIndex(const Graph& graph) {
     if (!node.mutated_inputs.empty()) f |= kMutatesInputs;
     if (node.symint) f |= kSymint;
     if (node.view) f |= kView;
+    if (node.outputs.empty()) f |= kNoOutputs;
     stack[i] = node.stack;
     policy[i] = node.policy;
     auto [id, inserted] = target_ids.insert(std::string_view(node.target));

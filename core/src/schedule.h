@@ -37,7 +37,8 @@ struct NodeIndex {
     kMutated = 512,        // Node::mutated
     kMutatesInputs = 1024, // Node::mutated_inputs non-empty
     kSymint = 2048,        // Node::symint
-    kView = 4096           // Node::view
+    kView = 4096,          // Node::view
+    kNoOutputs = 8192      // Node::outputs empty
   };
 
   std::size_t size() const { return flags.size(); }
