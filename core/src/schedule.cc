@@ -174,17 +174,6 @@ FlatSchedule flat_schedule(const Graph& graph, const NodeIndex& index, const Rem
   return schedule;
 }
 
-FlatSchedule original_flat_schedule(const NodeIndex& index) {
-  const std::size_t n = index.size();
-  FlatSchedule schedule;
-  schedule.node.resize(n);
-  for (std::size_t i = 0; i < n; ++i) schedule.node[i] = static_cast<std::int32_t>(i);
-  schedule.duplicate.assign(n, 0);
-  schedule.start = index.input_start;
-  schedule.inputs = index.inputs;
-  return schedule;
-}
-
 }  // namespace detail
 
 }  // namespace hyper_ac

@@ -70,8 +70,6 @@ struct FlatSchedule {
 // As rewritten_schedule (same steps, same inputs, same PlanError messages).
 FlatSchedule flat_schedule(const Graph& graph, const NodeIndex& index, const RematPlan& plan);
 
-// The original graph in node order: step i runs node i and reads its inputs.
-FlatSchedule original_flat_schedule(const NodeIndex& index);
 
 // scope.h's resolve_scope / units_from_stacks over the index (the node loops
 // read its stack and phase arrays).
