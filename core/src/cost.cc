@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "hyper_ac/alias.h"
 #include "hyper_ac/saturate.h"
+#include "schedule.h"
 
 namespace hyper_ac {
 
@@ -14,6 +17,16 @@ namespace {
 
 bool in_group_candidate(const Node& node) {
   return node.fusible && node.is_forward() && node.kind == NodeKind::CallFunction && !node.rng && !node.symint;
+}
+
+// The roofline time of `flops` and `bytes` of memory traffic.
+double roofline_seconds(double flops, double bytes, const CostOptions& options) {
+  // 0 / 0 (no work on a zero-speed profile) is no time; x / 0 and anything
+  // past the range clamp to kMaxRecomputeSeconds.
+  auto part = [](double work, double speed) { return work > 0.0 ? work / speed : 0.0; };
+  const double seconds = std::max(part(flops, options.hardware.peak_flops), part(bytes, options.hardware.memory_bandwidth));
+  if (!(seconds < kMaxRecomputeSeconds)) return kMaxRecomputeSeconds;  // also NaN (negative speed)
+  return seconds > 0.0 ? seconds : 0.0;
 }
 
 }  // namespace
@@ -64,13 +77,23 @@ double recompute_seconds(const Graph& graph, std::int32_t index, const CostOptio
   if (node.kind != NodeKind::CallFunction || is_view_like(node) || is_getitem(node) || node.symint) return 0.0;
   double bytes = static_cast<double>(node.output_bytes());
   for (auto input : node.inputs) bytes += static_cast<double>(graph.nodes[static_cast<std::size_t>(input)].output_bytes());
-  // 0 / 0 (no work on a zero-speed profile) is no time; x / 0 and anything
-  // past the range clamp to kMaxRecomputeSeconds.
-  auto part = [](double work, double speed) { return work > 0.0 ? work / speed : 0.0; };
-  const double seconds = std::max(part(node.flops, options.hardware.peak_flops),
-                                  part(bytes, options.hardware.memory_bandwidth));
-  if (!(seconds < kMaxRecomputeSeconds)) return kMaxRecomputeSeconds;  // also NaN (negative speed)
-  return seconds > 0.0 ? seconds : 0.0;
+  return roofline_seconds(node.flops, bytes, options);
+}
+
+double detail::recompute_seconds(const Graph& graph, const NodeIndex& index, std::int32_t node_index,
+                                 const CostOptions& options) {
+  using Flag = NodeIndex::Flag;
+  const auto i = static_cast<std::size_t>(node_index);
+  if (i >= index.size()) throw std::out_of_range("recompute_seconds: node index " + std::to_string(node_index) + " is outside the graph");
+  // As recompute_seconds(graph, node, options): not a call_function, a view
+  // (not a getitem), a getitem or a SymInt costs nothing.
+  if (!index.has(i, Flag::kCallFunction) || index.has(i, Flag::kView) || index.has(i, Flag::kGetitem) ||
+      index.has(i, Flag::kSymint))
+    return 0.0;
+  double bytes = static_cast<double>(index.output_bytes[i]);
+  for (auto e = index.input_start[i]; e < index.input_start[i + 1]; ++e)
+    bytes += static_cast<double>(index.output_bytes[static_cast<std::size_t>(index.inputs[static_cast<std::size_t>(e)])]);
+  return roofline_seconds(graph.nodes[i].flops, bytes, options);
 }
 
 double member_seconds(const Graph& graph, const FusionGroups& groups, std::int32_t index, const CostOptions& options) {

@@ -49,6 +49,34 @@ std::string format_double(double value) {
   return buffer;
 }
 
+// Why a network value is never recomputed / never saved (Solver::never_recompute_,
+// never_save_): one byte per node, the text only for messages.
+enum Reason : std::uint8_t {
+  kNoReason = 0,
+  kGraphInput,
+  kEarlierDuplicate,
+  kTaggedMustSave,
+  kUntagged,
+  kRngOp,
+  kTaggedMustRecompute,
+  kView,
+  kNotTensor
+};
+
+const char* reason_text(std::uint8_t reason) {
+  switch (reason) {
+    case kGraphInput: return "a graph input";
+    case kEarlierDuplicate: return "a duplicate made by an earlier pass";
+    case kTaggedMustSave: return "tagged MUST_SAVE";
+    case kUntagged: return "untagged (outside every recompute region)";
+    case kRngOp: return "an RNG op";
+    case kTaggedMustRecompute: return "tagged MUST_RECOMPUTE";
+    case kView: return "a view (recomputed from its base, never saved on its own)";
+    case kNotTensor: return "not a tensor";
+  }
+  return "";
+}
+
 // Per-lambda outcome of one cut, before it becomes a public result.
 struct Cut {
   double lambda = 0.0;
@@ -70,8 +98,10 @@ struct Cut {
 // the candidate set, feasibility. Built once, solved for many lambdas.
 class Solver {
  public:
-  Solver(const Graph& graph, const std::vector<Policy>& tags, const MinCutOptions& options)
-      : graph_(graph), tags_(tags), options_(options), index_(graph) {
+  // `index` is the graph's node index (schedule.h), built by the caller.
+  Solver(const Graph& graph, const detail::NodeIndex& index, const std::vector<Policy>& tags,
+         const MinCutOptions& options)
+      : graph_(graph), tags_(tags), options_(options), index_(index) {
     check_options();
     classify();
     collect_candidates();
@@ -122,6 +152,10 @@ class Solver {
   std::vector<char> run_max_flow(std::int32_t vertices, const std::vector<Arc>& arcs, const Capacities& capacities,
                                  std::int64_t& flow) const;
 
+  // Bytes of generator state a replay of node i saves (rng ops; 0 otherwise).
+  std::int64_t state_bytes(std::size_t i) const {
+    return index_.has(i, detail::NodeIndex::kRng) ? graph_.nodes[i].rng_state_bytes : 0;
+  }
   bool forward_value(std::int32_t i) const {
     const auto x = static_cast<std::size_t>(i);
     return index_.forward(x) && !index_.has(x, detail::NodeIndex::kOutput);
@@ -142,11 +176,11 @@ class Solver {
   const Graph& graph_;
   const std::vector<Policy>& tags_;
   const MinCutOptions& options_;
-  detail::NodeIndex index_;                       // compact node facts (flags, inputs, bytes)
+  const detail::NodeIndex& index_;                // compact node facts (flags, inputs, bytes)
 
   std::vector<char> free_;                        // saved at no cost, never recomputed
-  std::vector<const char*> never_recompute_;      // reason or nullptr
-  std::vector<const char*> never_save_;           // reason or nullptr
+  std::vector<std::uint8_t> never_recompute_;     // Reason, kNoReason = may be recomputed
+  std::vector<std::uint8_t> never_save_;          // Reason, kNoReason = may be saved
   std::vector<double> save_bytes_;                // bytes a save keeps alive (bias applied)
   std::vector<double> seconds_;                   // roofline recompute time (bias applied); for a
                                                   // fusion-group member: member_seconds (reads apart)
@@ -154,9 +188,6 @@ class Solver {
   std::vector<char> read_by_backward_;            // network values some backward node reads
   std::vector<char> candidate_;                   // may end on the sink side of the cut
   std::vector<std::int32_t> candidates_;          // ascending
-  std::vector<double> plain_seconds_;             // candidates: recompute_seconds (cost.h), unbiased
-  std::vector<double> flops_;                     // candidates: Node::flops
-  std::vector<std::int64_t> state_bytes_;         // candidates: generator state a replay saves (rng ops)
   std::vector<std::int32_t> free_backward_reads_; // free forward values some backward node reads, ascending
   std::size_t forward_nodes_ = 0;
   std::size_t free_nodes_ = 0;
@@ -194,37 +225,45 @@ void Solver::check_options() const {
 void Solver::classify() {
   const std::size_t n = graph_.nodes.size();
   free_.assign(n, 0);
-  never_recompute_.assign(n, nullptr);
-  never_save_.assign(n, nullptr);
+  never_recompute_.assign(n, kNoReason);
+  never_save_.assign(n, kNoReason);
   save_bytes_.assign(n, 0.0);
   seconds_.assign(n, 0.0);
   groups_ = fusion_groups(graph_, options_.cost);
 
   std::vector<char> output_read(n, 0);
   for (std::size_t i = 0; i < n; ++i)
-    if (graph_.nodes[i].kind == NodeKind::Output)
-      for (auto input : graph_.nodes[i].inputs) output_read[static_cast<std::size_t>(input)] = 1;
+    if (index_.has(i, detail::NodeIndex::kOutput))
+      for_inputs(i, [&](std::int32_t input) { output_read[static_cast<std::size_t>(input)] = 1; });
 
+  using Flag = detail::NodeIndex::Flag;
   for (std::size_t i = 0; i < n; ++i) {
-    const Node& node = graph_.nodes[i];
     const auto index = static_cast<std::int32_t>(i);
     if (!forward_value(index)) continue;
     ++forward_nodes_;
+    // The node's own struct is read only for the rare facts the index lacks.
+    const bool call = index_.has(i, Flag::kCallFunction);
+    const bool symint = index_.has(i, Flag::kSymint);
     // Free: resident anyway (placeholders, constants), kept as a graph output,
     // or an alias of such storage; a MUST_RECOMPUTE tag is honoured even so.
-    const bool must_recompute = tags_[i] == Policy::MustRecompute && node.kind == NodeKind::CallFunction;
+    const bool must_recompute = tags_[i] == Policy::MustRecompute && call;
     // A graph input that is not a parameter or buffer (an activation handed in
     // by the caller) is charged its bytes when the backward keeps it, as in
     // PyTorch's min-cut: keeping it is not free once the caller drops it.
-    const bool charged_input =
-        options_.charge_inputs && node.kind == NodeKind::Placeholder && node.role == Role::Input && !node.symint;
-    bool is_free = (node.kind != NodeKind::CallFunction && !charged_input) || (output_read[i] && !must_recompute);
-    if (!is_free && first_alias_position(node) >= 0) {
+    const bool charged_input = options_.charge_inputs && !call && !symint &&
+                               graph_.nodes[i].kind == NodeKind::Placeholder && graph_.nodes[i].role == Role::Input;
+    bool is_free = (!call && !charged_input) || (output_read[i] && !must_recompute);
+    if (!is_free && index_.alias_first[i] >= 0) {
       bool all_free = true;
-      for_each_alias_position(node, [&](std::int32_t position) {
-        auto base = node.inputs[static_cast<std::size_t>(position)];
+      auto check_base = [&](std::int32_t base) {
         if (forward_value(base) && !free_[static_cast<std::size_t>(base)]) all_free = false;
-      });
+      };
+      if (index_.has(i, Flag::kMultiAlias)) {
+        const Node& node = graph_.nodes[i];
+        for_each_alias_position(node, [&](std::int32_t position) { check_base(node.inputs[static_cast<std::size_t>(position)]); });
+      } else {
+        check_base(index_.inputs[static_cast<std::size_t>(index_.input_start[i] + index_.alias_first[i])]);
+      }
       is_free = all_free && !must_recompute;
     }
     if (is_free) {
@@ -235,28 +274,28 @@ void Solver::classify() {
 
     const Policy tag = tags_[i];
     if (charged_input)
-      never_recompute_[i] = "a graph input";
-    else if (!node.recomputed_from.empty())
-      never_recompute_[i] = "a duplicate made by an earlier pass";
+      never_recompute_[i] = kGraphInput;
+    else if (index_.has(i, Flag::kRecomputedFrom))
+      never_recompute_[i] = kEarlierDuplicate;
     else if (tag == Policy::MustSave)
-      never_recompute_[i] = "tagged MUST_SAVE";
+      never_recompute_[i] = kTaggedMustSave;
     else if (tag == Policy::None)
-      never_recompute_[i] = "untagged (outside every recompute region)";
-    else if (node.rng && node.rng_state_bytes == 0 && options_.never_recompute_rng)
-      never_recompute_[i] = "an RNG op";
+      never_recompute_[i] = kUntagged;
+    else if (index_.has(i, Flag::kRng) && graph_.nodes[i].rng_state_bytes == 0 && options_.never_recompute_rng)
+      never_recompute_[i] = kRngOp;
 
     if (tag == Policy::MustRecompute)
-      never_save_[i] = "tagged MUST_RECOMPUTE";
-    else if (!never_recompute_[i] && is_view_like(node))
-      never_save_[i] = "a view (recomputed from its base, never saved on its own)";
-    else if (!never_recompute_[i] && node.outputs.empty() && !node.symint)
-      never_save_[i] = "not a tensor";
+      never_save_[i] = kTaggedMustRecompute;
+    else if (!never_recompute_[i] && index_.has(i, Flag::kView) && !index_.has(i, Flag::kGetitem))
+      never_save_[i] = kView;
+    else if (!never_recompute_[i] && index_.has(i, Flag::kNoOutputs) && !symint)
+      never_save_[i] = kNotTensor;
 
-    double bytes = node.symint ? static_cast<double>(options_.symint_bytes) : static_cast<double>(node.output_bytes());
+    double bytes = symint ? static_cast<double>(options_.symint_bytes) : static_cast<double>(index_.output_bytes[i]);
     if (tag == Policy::PreferRecompute) bytes *= options_.prefer_recompute_factor;
     save_bytes_[i] = bytes;
     double seconds = groups_.group[i] >= 0 ? member_seconds(graph_, groups_, index, options_.cost)
-                                           : recompute_seconds(graph_, index, options_.cost);
+                                           : detail::recompute_seconds(graph_, index_, index, options_.cost);
     if (tag == Policy::PreferSave) seconds *= options_.prefer_save_factor;
     seconds_[i] = seconds;
   }
@@ -301,16 +340,6 @@ void Solver::collect_candidates() {
     if (free_read[i]) free_backward_reads_.push_back(static_cast<std::int32_t>(i));
     if (candidate_[i]) candidates_.push_back(static_cast<std::int32_t>(i));
   }
-  plain_seconds_.assign(n, 0.0);
-  flops_.assign(n, 0.0);
-  state_bytes_.assign(n, 0);
-  for (auto v : candidates_) {
-    const auto i = static_cast<std::size_t>(v);
-    const Node& node = graph_.nodes[i];
-    plain_seconds_[i] = recompute_seconds(graph_, v, options_.cost);
-    flops_[i] = node.flops;
-    state_bytes_[i] = node.rng ? node.rng_state_bytes : 0;
-  }
 }
 
 void Solver::check_feasible() const {
@@ -350,9 +379,9 @@ void Solver::check_feasible() const {
       std::int32_t current = input;
       while (true) {
         auto c = static_cast<std::size_t>(current);
-        message += ", which is never saved (" + std::string(never_save_[c]) + ")";
+        message += ", which is never saved (" + std::string(reason_text(never_save_[c])) + ")";
         if (forced_by[c] == current) {
-          message += " and never recomputed (" + std::string(never_recompute_[c]) + ")";
+          message += " and never recomputed (" + std::string(reason_text(never_recompute_[c])) + ")";
           break;
         }
         message += " and can only be recomputed from " + quoted(graph_, forced_by[c]);
@@ -517,7 +546,7 @@ Solver::Network Solver::build_network(double lambda) const {
         input_vertices.push_back(x);
       });
     // A replayed random op also keeps its generator state for the backward.
-    const double cost = lambda * seconds_[i] + static_cast<double>(state_bytes_[i]);
+    const double cost = lambda * seconds_[i] + static_cast<double>(state_bytes(i));
     std::int32_t in = kNone;
     bool own_in = false;
     if (never_recompute_[i]) {
@@ -638,9 +667,9 @@ Cut Solver::solve(double lambda) const {
     const Policy tag = tags_[i];
     if (recomputed[i]) {
       cut.recomputed.push_back(v);
-      double seconds = plain_seconds_[i];  // recompute_seconds(graph_, v, options_.cost)
+      double seconds = detail::recompute_seconds(graph_, index_, v, options_.cost);  // cost.h, unbiased
       cut.recompute_seconds += seconds;  // each <= 1e30 s (cost.h): finite
-      cut.recompute_flops = add_finite(cut.recompute_flops, flops_[i]);
+      cut.recompute_flops = add_finite(cut.recompute_flops, graph_.nodes[i].flops);
       cut.biased_seconds += seconds_[i];
       cut.policies[i] = tag == Policy::MustRecompute ? Policy::MustRecompute : Policy::PreferRecompute;
     } else if (saved[i]) {
@@ -731,27 +760,38 @@ bool same_cut(const Cut& a, const Cut& b) { return a.saved == b.saved && a.recom
 }  // namespace
 
 MinCutResult solve_min_cut(const Graph& graph, const std::vector<Policy>& tags, const MinCutOptions& options) {
+  return detail::solve_min_cut(graph, detail::NodeIndex(graph), tags, options);
+}
+
+MinCutResult detail::solve_min_cut(const Graph& graph, const NodeIndex& index, const std::vector<Policy>& tags,
+                                   const MinCutOptions& options) {
   auto start = std::chrono::steady_clock::now();
-  Solver solver(graph, tags, options);
+  Solver solver(graph, index, tags, options);
   MinCutResult result = to_result(solver.solve(options.lambda));
   result.solve_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }
 
 FlowNetwork flow_network(const Graph& graph, const std::vector<Policy>& tags, const MinCutOptions& options) {
-  Solver solver(graph, tags, options);
+  const detail::NodeIndex index(graph);
+  Solver solver(graph, index, tags, options);
   return solver.export_network(options.lambda);
 }
 
 ParetoResult pareto(const Graph& graph, const std::vector<Policy>& tags, const MinCutOptions& options,
                     const ParetoOptions& sweep) {
+  return detail::pareto(graph, detail::NodeIndex(graph), tags, options, sweep);
+}
+
+ParetoResult detail::pareto(const Graph& graph, const NodeIndex& index, const std::vector<Policy>& tags,
+                            const MinCutOptions& options, const ParetoOptions& sweep) {
   auto start = std::chrono::steady_clock::now();
   if (!(std::isfinite(sweep.lambda_min) && std::isfinite(sweep.lambda_max) && sweep.lambda_min >= 0.0 &&
         sweep.lambda_min <= sweep.lambda_max))
     throw std::invalid_argument("pareto: need 0 <= lambda_min <= lambda_max, got " +
                                 format_double(sweep.lambda_min) + " and " + format_double(sweep.lambda_max));
   if (sweep.max_solves < 2) throw std::invalid_argument("pareto: max_solves must be >= 2");
-  Solver solver(graph, tags, options);
+  Solver solver(graph, index, tags, options);
   std::vector<Cut> cuts;
   cuts.push_back(solver.solve(sweep.lambda_min));
   std::size_t solves = 1;

@@ -98,10 +98,12 @@ Evaluation evaluate_indexed(const Graph& graph, const detail::NodeIndex& index, 
                             const CostOptions& cost, const RematOptions& remat, SecondsCache* seconds = nullptr) {
   Evaluation evaluation;
   auto stage = Clock::now();
-  evaluation.remat = detail::plan_remat(graph, index, policies, remat);
+  detail::FlatSchedule validated;  // the rewritten schedule plan_remat's validation built, if it ran
+  evaluation.remat = detail::plan_remat(graph, index, policies, remat, &validated);
   evaluation.remat_seconds = seconds_since(stage);
   stage = Clock::now();
-  const SimulateResult simulated = detail::simulate_memory(graph, index, &evaluation.remat, {});
+  const SimulateResult simulated = remat.validate ? detail::simulate_memory(graph, index, validated, {})
+                                                  : detail::simulate_memory(graph, index, &evaluation.remat, {});
   evaluation.simulate_seconds = seconds_since(stage);
   evaluation.saved_bytes = evaluation.remat.stats.saved_bytes_after;
   evaluation.recompute_flops = evaluation.remat.stats.recompute_flops;
@@ -113,9 +115,15 @@ Evaluation evaluate_indexed(const Graph& graph, const detail::NodeIndex& index, 
     double total = 0.0;
     for (const auto& dup : evaluation.remat.duplicates) {
       double& own = (*seconds)[static_cast<std::size_t>(dup.of)];
-      if (std::isnan(own)) own = recompute_seconds(graph, dup.of, cost);
+      if (std::isnan(own)) own = detail::recompute_seconds(graph, index, dup.of, cost);
       total = add_finite(total, own);
     }
+    evaluation.recompute_seconds = total;
+  } else if (cost.compiler == Compiler::Eager) {
+    // recompute_seconds(graph, replayed, cost) under eager, off the index.
+    double total = 0.0;
+    for (const auto& dup : evaluation.remat.duplicates)
+      total = add_finite(total, detail::recompute_seconds(graph, index, dup.of, cost));
     evaluation.recompute_seconds = total;
   } else {
     std::vector<std::int32_t> replayed;
@@ -181,7 +189,7 @@ Descent descend_within_budget(const Graph& graph, const detail::NodeIndex& index
     std::vector<char> duplicated(graph.nodes.size(), 0);
     for (const auto& dup : chosen.remat.duplicates) {
       const auto v = static_cast<std::size_t>(dup.of);
-      own[v] += recompute_seconds(graph, dup.of, cost);
+      own[v] += detail::recompute_seconds(graph, index, dup.of, cost);
       duplicated[v] = 1;
     }
     for (std::size_t v = 0; v < graph.nodes.size(); ++v)
@@ -220,7 +228,7 @@ Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& ind
   const std::int64_t target = budget_target(graph, config.mincut.memory_budget, all_saved);
   result.stats.budget_bytes = target;
   auto stage = Clock::now();
-  ParetoResult frontier = pareto(graph, result.tags.policies, stages.mincut);
+  ParetoResult frontier = detail::pareto(graph, index, result.tags.policies, stages.mincut);
   result.timings.mincut_seconds = seconds_since(stage);
   Evaluation chosen;
   bool met = false, any = false;
@@ -274,14 +282,15 @@ Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& ind
 }
 
 // Scope and tags as the `auto` mode sees them (the frontier and the flow network).
-TagResult auto_tags(const Graph& graph, const PlanOptions& options, StageOptions& stages, Scope* scope_out = nullptr) {
+TagResult auto_tags(const Graph& graph, const detail::NodeIndex& index, const PlanOptions& options, StageOptions& stages,
+                    Scope* scope_out = nullptr) {
   Config config = options.config;
   config.mode = Mode::Auto;
   config.mincut.memory_budget = std::monostate{};
   stages = stage_options(config, options.op_policy);
-  Scope scope = resolve_scope(graph, stages.scope);
+  Scope scope = detail::resolve_scope(graph, index, stages.scope);
   stages.mincut.charge_inputs = scope.whole_graph;
-  TagResult tags = tag_policies(graph, scope, stages.tag);
+  TagResult tags = detail::tag_policies(graph, index, scope, stages.tag);
   if (scope_out != nullptr) *scope_out = std::move(scope);
   return tags;
 }
@@ -358,7 +367,7 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
   Evaluation evaluation;
   if (config.mode == Mode::Auto) {
     stage = Clock::now();
-    MinCutResult cut = solve_min_cut(graph, result.tags.policies, stages.mincut);
+    MinCutResult cut = detail::solve_min_cut(graph, index, result.tags.policies, stages.mincut);
     result.timings.mincut_seconds = seconds_since(stage);
     for (const auto& note : cut.diagnostics) result.diagnostics.push_back(note);
     evaluation = evaluate_indexed(graph, index, cut.policies, stages.cost, unit_schedule(result.scope));
@@ -390,7 +399,8 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
   }
 
   bool already_rematted = false;
-  for (const auto& node : graph.nodes) already_rematted = already_rematted || !node.recomputed_from.empty();
+  for (std::size_t i = 0; i < index.size() && !already_rematted; ++i)
+    already_rematted = index.has(i, detail::NodeIndex::kRecomputedFrom);
   if (result.remat.duplicates.empty() && !result.scope.regions.empty() && !already_rematted)
     result.diagnostics.push_back(
         {Severity::Warning, -1,
@@ -405,11 +415,11 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
 std::vector<Evaluation> pareto(const Graph& graph, const PlanOptions& options) {
   StageOptions stages;
   Scope scope;
-  const TagResult tags = auto_tags(graph, options, stages, &scope);
-  ParetoResult frontier = pareto(graph, tags.policies, stages.mincut);
+  const detail::NodeIndex index(graph);
+  const TagResult tags = auto_tags(graph, index, options, stages, &scope);
+  ParetoResult frontier = detail::pareto(graph, index, tags.policies, stages.mincut);
   std::vector<Evaluation> points;
   const RematOptions schedule = unit_schedule(scope);
-  const detail::NodeIndex index(graph);
   SecondsCache seconds;
   for (const auto& point : frontier.points) {
     points.push_back(evaluate_indexed(graph, index, point.policies, stages.cost, schedule, &seconds));
@@ -420,7 +430,8 @@ std::vector<Evaluation> pareto(const Graph& graph, const PlanOptions& options) {
 
 FlowNetwork flow_network(const Graph& graph, const PlanOptions& options) {
   StageOptions stages;
-  const TagResult tags = auto_tags(graph, options, stages);
+  const detail::NodeIndex index(graph);
+  const TagResult tags = auto_tags(graph, index, options, stages);
   return flow_network(graph, tags.policies, stages.mincut);
 }
 

@@ -17,10 +17,6 @@ bool recomputable(const Graph& graph, const std::vector<Policy>& policies, std::
          node.recomputed_from.empty();
 }
 
-// A backward node that may take a recomputed copy. The output node is not one:
-// forward outputs must come from the forward itself.
-bool backward_consumer(const Node& node) { return node.is_backward() && node.kind != NodeKind::Output; }
-
 std::string name_of(const Graph& graph, std::int32_t index) {
   if (index < 0 || static_cast<std::size_t>(index) >= graph.nodes.size()) return "#" + std::to_string(index);
   return "'" + graph.nodes[static_cast<std::size_t>(index)].name + "'";
@@ -28,18 +24,19 @@ std::string name_of(const Graph& graph, std::int32_t index) {
 
 // Originals every reader of which is a redirected backward node or another
 // erased original: reverse topological order, readers decided first.
-std::vector<std::int32_t> erasable(const Graph& graph, const RematPlan& plan) {
+std::vector<std::int32_t> erasable(const Graph& graph, const detail::NodeIndex& index, const RematPlan& plan) {
   const std::size_t n = graph.nodes.size();
   std::vector<char> duplicated(n, 0), erased(n, 0);
   for (const auto& dup : plan.duplicates) duplicated[static_cast<std::size_t>(dup.of)] = 1;
   std::vector<std::int32_t> erase;
   for (std::size_t k = n; k-- > 0;) {
     // A random op still draws in the forward: its replay needs that state.
-    if (!duplicated[k] || graph.nodes[k].rng) continue;
+    if (!duplicated[k] || index.has(k, detail::NodeIndex::kRng)) continue;
     bool read = false;
     for (auto user : graph.users[k]) {
-      const Node& reader = graph.nodes[static_cast<std::size_t>(user)];
-      if (backward_consumer(reader) || erased[static_cast<std::size_t>(user)]) continue;
+      // A backward node that may take a recomputed copy (NodeIndex::backward_consumer).
+      // The output node is not one: forward outputs must come from the forward itself.
+      if (index.backward_consumer(static_cast<std::size_t>(user)) || erased[static_cast<std::size_t>(user)]) continue;
       read = true;
       break;
     }
@@ -139,8 +136,8 @@ class ReplayScheduler {
       for (std::size_t v = 0; v < n_; ++v) {
         if (!recomputable_[v]) continue;
         for (auto user : graph.users[v]) {
-          const Node& reader = graph.nodes[static_cast<std::size_t>(user)];
-          if (!reader.is_forward() || reader.kind == NodeKind::Output) continue;
+          const auto reader = static_cast<std::size_t>(user);
+          if (!index.forward(reader) || index.has(reader, Flag::kOutput)) continue;
           if (unit_[static_cast<std::size_t>(user)] == unit_[v]) continue;
           chained_[v] = 1;
           owners.push_back(unit_[v]);
@@ -239,7 +236,7 @@ class ReplayScheduler {
   const detail::NodeIndex& index_;
   std::size_t n_;
   std::vector<char> recomputable_;
-  std::vector<std::int32_t> unit_;
+  const std::vector<std::int32_t>& unit_;  // RematOptions::node_unit (outlives the scheduler)
   std::vector<std::int32_t> consumers_;
   std::vector<std::size_t> segment_start_;
   std::vector<char> chained_;
@@ -256,7 +253,7 @@ RematPlan plan_remat(const Graph& graph, const std::vector<Policy>& requested, c
 }
 
 RematPlan detail::plan_remat(const Graph& graph, const NodeIndex& index, const std::vector<Policy>& requested,
-                             const RematOptions& options) {
+                             const RematOptions& options, FlatSchedule* validated) {
   const std::size_t n = graph.nodes.size();
   if (requested.size() != n)
     throw std::invalid_argument("plan_remat: " + std::to_string(requested.size()) + " policies for " + std::to_string(n) +
@@ -296,7 +293,7 @@ RematPlan detail::plan_remat(const Graph& graph, const NodeIndex& index, const s
       RematPlan trial;
       trial.duplicates = candidate.duplicates;
       trial.redirects = candidate.redirects;
-      trial.erase = erasable(graph, trial);
+      trial.erase = erasable(graph, index, trial);
       const std::int64_t peak = detail::simulate_memory(graph, index, &trial, {}).peak_bytes;
       if (!have || peak < best_peak || (peak == best_peak && candidate.flops < best.flops)) {
         best = std::move(candidate);
@@ -312,7 +309,7 @@ RematPlan detail::plan_remat(const Graph& graph, const NodeIndex& index, const s
   plan.redirects = std::move(best.redirects);
   plan.stats.recompute_flops = best.flops;
   plan.stats.nodes_duplicated = plan.duplicates.size();
-  plan.erase = erasable(graph, plan);
+  plan.erase = erasable(graph, index, plan);
   plan.stats.nodes_erased = plan.erase.size();
 
   std::vector<char> duplicated(n, 0);
@@ -367,7 +364,7 @@ RematPlan detail::plan_remat(const Graph& graph, const NodeIndex& index, const s
     plan.stats.saved_bytes_after += node.rng_state_bytes;
   }
 
-  if (options.validate) detail::validate_plan(graph, index, plan);
+  if (options.validate) detail::validate_plan(graph, index, plan, validated);
   return plan;
 }
 
@@ -384,7 +381,7 @@ std::vector<ScheduleStep> rewritten_schedule(const Graph& graph, const RematPlan
 
 void validate_plan(const Graph& graph, const RematPlan& plan) { detail::validate_plan(graph, detail::NodeIndex(graph), plan); }
 
-void detail::validate_plan(const Graph& graph, const NodeIndex& index, const RematPlan& plan) {
+void detail::validate_plan(const Graph& graph, const NodeIndex& index, const RematPlan& plan, FlatSchedule* schedule_out) {
   const std::size_t n = graph.nodes.size();
   std::vector<char> has_dup(n, 0);
   // repeated[d]: an earlier duplicate has the same (of, before). Found per
@@ -438,7 +435,7 @@ void detail::validate_plan(const Graph& graph, const NodeIndex& index, const Rem
     if (std::find(inputs.begin(), inputs.end(), r.input) == inputs.end())
       throw PlanError("redirect of " + name_of(graph, r.node) + " names " + name_of(graph, r.input) + ", which it does not read");
   }
-  const detail::FlatSchedule schedule = detail::flat_schedule(graph, index, plan);
+  detail::FlatSchedule schedule = detail::flat_schedule(graph, index, plan);
   for (std::size_t s = 0; s < schedule.size(); ++s) {
     const auto first = static_cast<std::size_t>(schedule.start[s]), last = static_cast<std::size_t>(schedule.start[s + 1]);
     for (std::size_t k = first; k < last; ++k) {
@@ -449,6 +446,7 @@ void detail::validate_plan(const Graph& graph, const NodeIndex& index, const Rem
       throw PlanError(who + " reads " + name_of(graph, node.inputs[k - first]) + " before it is available in the rewritten graph");
     }
   }
+  if (schedule_out != nullptr) *schedule_out = std::move(schedule);
 }
 
 }  // namespace hyper_ac

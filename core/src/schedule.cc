@@ -27,8 +27,11 @@ NodeIndex::NodeIndex(const Graph& graph) {
     input_start[i + 1] = static_cast<std::int32_t>(edges);
   }
   inputs.reserve(edges);
+  // Nodes with more than one output (for kProjects below), noted while the node is at hand.
+  std::vector<char> multi_output(n, 0);
   for (std::size_t i = 0; i < n; ++i) {
     const Node& node = graph.nodes[i];
+    multi_output[i] = node.outputs.size() > 1;
     inputs.insert(inputs.end(), node.inputs.begin(), node.inputs.end());
     std::uint16_t f = 0;
     if (node.is_forward()) f |= kForward;
@@ -41,6 +44,8 @@ NodeIndex::NodeIndex(const Graph& graph) {
     if (node.mutated) f |= kMutated;
     if (!node.mutated_inputs.empty()) f |= kMutatesInputs;
     if (node.symint) f |= kSymint;
+    if (node.view) f |= kView;
+    if (node.outputs.empty()) f |= kNoOutputs;
     stack[i] = node.stack;
     policy[i] = node.policy;
     auto [id, inserted] = target_ids.insert(std::string_view(node.target));
@@ -65,10 +70,9 @@ NodeIndex::NodeIndex(const Graph& graph) {
   // for split / chunk / unbind and other multi-output views: their elements
   // share the input's storage and stay united with it.
   for (std::size_t i = 0; i < n; ++i) {
-    const Node& node = graph.nodes[i];
-    if (node.kind != NodeKind::CallFunction || node.inputs.empty() || !(flags[i] & kGetitem)) continue;
-    const auto producer = static_cast<std::size_t>(node.inputs.front());
-    if (graph.nodes[producer].outputs.size() > 1 && alias_first[producer] < 0) flags[i] |= kProjects;
+    if (!(flags[i] & kCallFunction) || !(flags[i] & kGetitem) || input_start[i] == input_start[i + 1]) continue;
+    const auto producer = static_cast<std::size_t>(inputs[static_cast<std::size_t>(input_start[i])]);
+    if (multi_output[producer] && alias_first[producer] < 0) flags[i] |= kProjects;
   }
 }
 
@@ -167,17 +171,6 @@ FlatSchedule flat_schedule(const Graph& graph, const NodeIndex& index, const Rem
     schedule.duplicate.push_back(0);
     schedule.start.push_back(static_cast<std::int32_t>(schedule.inputs.size()));
   }
-  return schedule;
-}
-
-FlatSchedule original_flat_schedule(const NodeIndex& index) {
-  const std::size_t n = index.size();
-  FlatSchedule schedule;
-  schedule.node.resize(n);
-  for (std::size_t i = 0; i < n; ++i) schedule.node[i] = static_cast<std::int32_t>(i);
-  schedule.duplicate.assign(n, 0);
-  schedule.start = index.input_start;
-  schedule.inputs = index.inputs;
   return schedule;
 }
 

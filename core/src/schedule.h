@@ -10,7 +10,9 @@
 #include <string_view>
 #include <vector>
 
+#include "hyper_ac/cost.h"
 #include "hyper_ac/graph.h"
+#include "hyper_ac/mincut.h"
 #include "hyper_ac/remat.h"
 #include "hyper_ac/scope.h"
 #include "hyper_ac/simulate.h"
@@ -34,7 +36,9 @@ struct NodeIndex {
     kGetitem = 256,        // operator.getitem (alias.h is_getitem)
     kMutated = 512,        // Node::mutated
     kMutatesInputs = 1024, // Node::mutated_inputs non-empty
-    kSymint = 2048         // Node::symint
+    kSymint = 2048,        // Node::symint
+    kView = 4096,          // Node::view
+    kNoOutputs = 8192      // Node::outputs empty
   };
 
   std::size_t size() const { return flags.size(); }
@@ -66,8 +70,6 @@ struct FlatSchedule {
 // As rewritten_schedule (same steps, same inputs, same PlanError messages).
 FlatSchedule flat_schedule(const Graph& graph, const NodeIndex& index, const RematPlan& plan);
 
-// The original graph in node order: step i runs node i and reads its inputs.
-FlatSchedule original_flat_schedule(const NodeIndex& index);
 
 // scope.h's resolve_scope / units_from_stacks over the index (the node loops
 // read its stack and phase arrays).
@@ -80,11 +82,30 @@ TagResult tag_policies(const Graph& graph, const NodeIndex& index, const Scope& 
 // remat.h's pin_tuple_projections over the index.
 std::size_t pin_tuple_projections(const NodeIndex& index, std::vector<Policy>& policies);
 
+// cost.h's recompute_seconds(graph, node, options) off the index (the node's
+// own flops and kind; output bytes of it and its inputs from the index): the
+// same value, without touching the inputs' Node structs.
+double recompute_seconds(const Graph& graph, const NodeIndex& index, std::int32_t node, const CostOptions& options);
+
+// mincut.h's solve_min_cut and pareto with a prebuilt index.
+MinCutResult solve_min_cut(const Graph& graph, const NodeIndex& index, const std::vector<Policy>& tags,
+                           const MinCutOptions& options);
+ParetoResult pareto(const Graph& graph, const NodeIndex& index, const std::vector<Policy>& tags,
+                    const MinCutOptions& options, const ParetoOptions& sweep = {});
+
 // The public entry points with a prebuilt index (remat.h, simulate.h).
+// `validated` (optional): where plan_remat's validation leaves the rewritten
+// schedule it checked (only when options.validate), so the simulation of the
+// same plan need not build it again.
 RematPlan plan_remat(const Graph& graph, const NodeIndex& index, const std::vector<Policy>& policies,
-                     const RematOptions& options);
-void validate_plan(const Graph& graph, const NodeIndex& index, const RematPlan& plan);
+                     const RematOptions& options, FlatSchedule* validated = nullptr);
+void validate_plan(const Graph& graph, const NodeIndex& index, const RematPlan& plan,
+                   FlatSchedule* schedule_out = nullptr);
 SimulateResult simulate_memory(const Graph& graph, const NodeIndex& index, const RematPlan* plan,
+                               const SimulateOptions& options);
+// simulate_memory over a schedule already built (flat_schedule of the plan, or
+// original_flat_schedule).
+SimulateResult simulate_memory(const Graph& graph, const NodeIndex& index, const FlatSchedule& schedule,
                                const SimulateOptions& options);
 
 }  // namespace detail

@@ -134,65 +134,84 @@ namespace {
 // stack_of(i) is node i's Node::stack (off the graph or the node index).
 template <typename StackOf>
 std::vector<ModuleFrame> units_from_stacks_of(const Graph& graph, StackOf&& stack_of) {
-  std::map<std::string, std::string> frames;  // fqn -> type, sorted
-  detail::StringIds seen;  // views into graph.stacks
-  std::vector<std::string> first_seen;
-  // Each interned stack once, in the order nodes first use it: linear in the
-  // node count, map work only per distinct stack.
+  // Distinct FQNs get ids in order of first appearance (each interned stack
+  // once, in the order nodes first use it); a FQN's type is its first listing's.
+  // Linear in the node count; the per-FQN work is hashing and integer sorts.
+  detail::StringIds fqn_ids;             // views into graph.stacks
+  std::vector<std::string_view> types;   // per FQN id
   std::vector<char> stack_seen(graph.stacks.size(), 0);
   for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
     const std::int32_t stack = stack_of(i);
     if (stack < 0 || stack_seen[static_cast<std::size_t>(stack)]) continue;
     stack_seen[static_cast<std::size_t>(stack)] = 1;
     for (const auto& frame : graph.stacks[static_cast<std::size_t>(stack)])
-      if (seen.insert(std::string_view(frame.fqn)).second) {
-        frames.emplace(frame.fqn, frame.type);
-        first_seen.push_back(frame.fqn);
-      }
+      if (fqn_ids.insert(std::string_view(frame.fqn)).second) types.push_back(std::string_view(frame.type));
   }
-  std::map<std::string, std::map<std::string, std::vector<std::string>>> children;  // parent -> type -> fqns
-  for (const auto& fqn : first_seen) {
-    std::string parent = parent_of(fqn);
+  // Candidates: (parent, type, child) for every FQN whose parent is not a
+  // frame of its own. A ModuleList/ModuleDict never runs a forward of its own,
+  // so it is never a frame; a Sequential does, and is recognised by its type.
+  // Any other parent that ran a forward is a module with fields, not a container.
+  const std::size_t fqns = fqn_ids.size();
+  detail::StringIds parent_ids(fqns), type_ids;
+  std::vector<std::string_view> parents;  // per parent id
+  struct Child {
+    std::int32_t parent, type, fqn;
+  };
+  std::vector<Child> children;
+  for (std::size_t f = 0; f < fqns; ++f) {
+    const std::string_view parent = parent_view(fqn_ids.key(static_cast<std::int32_t>(f)));
     if (parent.empty()) continue;
-    // A ModuleList/ModuleDict never runs a forward of its own, so it is never
-    // a frame; a Sequential does, and is recognised by its type. Any other
-    // parent that ran a forward is a module with fields, not a container.
-    auto parent_frame = frames.find(parent);
-    if (parent_frame != frames.end() && parent_frame->second != "Sequential") continue;
-    children[parent][frames[fqn]].push_back(fqn);
+    const std::int32_t parent_frame = fqn_ids.find(parent);
+    if (parent_frame >= 0 && types[static_cast<std::size_t>(parent_frame)] != "Sequential") continue;
+    auto [p, fresh] = parent_ids.insert(parent);
+    if (fresh) parents.push_back(parent);
+    children.push_back({p, type_ids.insert(types[f]).first, static_cast<std::int32_t>(f)});
   }
-  std::vector<std::pair<std::string, std::vector<std::string>>> groups;
-  for (auto& [parent, by_type] : children)
-    for (auto& [type, fqns] : by_type)
-      if (fqns.size() >= 2) groups.emplace_back(parent, fqns);
-  std::vector<ModuleFrame> units;
-  std::unordered_set<std::string> unit_fqns;
-  // Outer groups first so nested repeats are recognised as inside a unit.
-  std::sort(groups.begin(), groups.end(), [](const auto& a, const auto& b) {
-    auto depth = [](const std::string& s) { return std::count(s.begin(), s.end(), '.'); };
-    return depth(a.first) != depth(b.first) ? depth(a.first) < depth(b.first) : a.first < b.first;
+  // Groups: one (parent, type) with two or more children, children in order
+  // of first appearance.
+  std::stable_sort(children.begin(), children.end(), [](const Child& a, const Child& b) {
+    return a.parent != b.parent ? a.parent < b.parent : a.type < b.type;
   });
-  for (const auto& [parent, fqns] : groups) {
+  struct Group {
+    std::size_t begin, end;  // into children
+    std::size_t depth;       // dots in the parent's FQN
+  };
+  std::vector<Group> groups;
+  for (std::size_t k = 0; k < children.size();) {
+    std::size_t e = k + 1;
+    while (e < children.size() && children[e].parent == children[k].parent && children[e].type == children[k].type) ++e;
+    if (e - k >= 2) {
+      const std::string_view parent = parents[static_cast<std::size_t>(children[k].parent)];
+      groups.push_back({k, e, static_cast<std::size_t>(std::count(parent.begin(), parent.end(), '.'))});
+    }
+    k = e;
+  }
+  // Outer groups first so nested repeats are recognised as inside a unit
+  // (groups of one depth cannot nest in each other, so their order is free).
+  std::stable_sort(groups.begin(), groups.end(), [](const Group& a, const Group& b) { return a.depth < b.depth; });
+  std::vector<char> is_unit(fqns, 0);
+  std::vector<std::int32_t> unit_ids;
+  for (const auto& group : groups) {
     // Inside a unit already found? Walk up the parent's own prefixes.
     bool nested = false;
-    for (std::string up = parent; !up.empty() && !nested; up = parent_of(up)) nested = unit_fqns.count(up) > 0;
+    for (std::string_view up = parents[static_cast<std::size_t>(children[group.begin].parent)]; !up.empty() && !nested;
+         up = parent_view(up)) {
+      const std::int32_t f = fqn_ids.find(up);
+      nested = f >= 0 && is_unit[static_cast<std::size_t>(f)];
+    }
     if (nested) continue;
-    for (const auto& fqn : fqns) {
-      units.push_back({fqn, frames[fqn]});
-      unit_fqns.insert(fqn);
+    for (std::size_t k = group.begin; k < group.end; ++k) {
+      is_unit[static_cast<std::size_t>(children[k].fqn)] = 1;
+      unit_ids.push_back(children[k].fqn);
     }
   }
-  // Discovery order = order of first appearance in the graph.
-  std::unordered_map<std::string_view, std::size_t> order;
-  for (std::size_t i = 0; i < first_seen.size(); ++i) order.emplace(std::string_view(first_seen[i]), i);
-  std::vector<std::pair<std::size_t, std::size_t>> keyed;  // (first appearance, position in units)
-  keyed.reserve(units.size());
-  for (std::size_t u = 0; u < units.size(); ++u) keyed.emplace_back(order[std::string_view(units[u].fqn)], u);
-  std::sort(keyed.begin(), keyed.end());  // the position breaks ties: stable
-  std::vector<ModuleFrame> sorted;
-  sorted.reserve(units.size());
-  for (const auto& [first, u] : keyed) sorted.push_back(std::move(units[u]));
-  return sorted;
+  // Discovery order = order of first appearance in the graph = FQN id order.
+  std::sort(unit_ids.begin(), unit_ids.end());
+  std::vector<ModuleFrame> units;
+  units.reserve(unit_ids.size());
+  for (auto f : unit_ids)
+    units.push_back({std::string(fqn_ids.key(f)), std::string(types[static_cast<std::size_t>(f)])});
+  return units;
 }
 
 }  // namespace

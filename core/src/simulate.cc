@@ -40,13 +40,29 @@ class UnionFind {
   std::vector<std::int32_t> parent_;
 };
 
-std::string step_name(const Graph& graph, const detail::FlatSchedule& schedule, std::size_t index) {
+// The steps simulated, as read-only arrays: a FlatSchedule's, or the original
+// graph's straight off the node index (step i runs node i; nothing copied).
+struct Steps {
+  const std::int32_t* node = nullptr;  // per step; nullptr = step i runs node i
+  const char* duplicate = nullptr;     // per step; nullptr = no duplicates
+  const std::int32_t* start = nullptr; // per step + 1: offsets into `inputs`
+  const std::int32_t* inputs = nullptr;
+  std::size_t steps = 0;
+  std::size_t size() const { return steps; }
+  std::int32_t node_at(std::size_t s) const { return node ? node[s] : static_cast<std::int32_t>(s); }
+  bool duplicate_at(std::size_t s) const { return duplicate && duplicate[s]; }
+};
+
+std::string step_name(const Graph& graph, const Steps& schedule, std::size_t index) {
   std::string name = "step " + std::to_string(index);
-  const std::int32_t node = schedule.node[index];
+  const std::int32_t node = schedule.node_at(index);
   if (node >= 0 && static_cast<std::size_t>(node) < graph.nodes.size())
-    name += (schedule.duplicate[index] ? " (duplicate of '" : " ('") + graph.nodes[static_cast<std::size_t>(node)].name + "')";
+    name += (schedule.duplicate_at(index) ? " (duplicate of '" : " ('") + graph.nodes[static_cast<std::size_t>(node)].name + "')";
   return name;
 }
+
+SimulateResult simulate_steps(const Graph& graph, const detail::NodeIndex& index, const Steps& schedule,
+                              const SimulateOptions& options);
 
 }  // namespace
 
@@ -56,8 +72,24 @@ SimulateResult simulate_memory(const Graph& graph, const RematPlan* plan, const 
 
 SimulateResult detail::simulate_memory(const Graph& graph, const NodeIndex& index, const RematPlan* plan,
                                        const SimulateOptions& options) {
-  using Flag = NodeIndex::Flag;
-  const detail::FlatSchedule schedule = plan ? detail::flat_schedule(graph, index, *plan) : detail::original_flat_schedule(index);
+  if (plan) return simulate_memory(graph, index, detail::flat_schedule(graph, index, *plan), options);
+  return simulate_steps(graph, index, {nullptr, nullptr, index.input_start.data(), index.inputs.data(), index.size()},
+                        options);
+}
+
+SimulateResult detail::simulate_memory(const Graph& graph, const NodeIndex& index, const FlatSchedule& schedule,
+                                       const SimulateOptions& options) {
+  return simulate_steps(graph, index,
+                        {schedule.node.data(), schedule.duplicate.data(), schedule.start.data(), schedule.inputs.data(),
+                         schedule.size()},
+                        options);
+}
+
+namespace {
+
+SimulateResult simulate_steps(const Graph& graph, const detail::NodeIndex& index, const Steps& schedule,
+                              const SimulateOptions& options) {
+  using Flag = detail::NodeIndex::Flag;
   const std::size_t steps = schedule.size();
   const auto end_of_time = static_cast<std::int32_t>(steps);
   SimulateResult result;
@@ -66,14 +98,16 @@ SimulateResult detail::simulate_memory(const Graph& graph, const NodeIndex& inde
   // Pass 1: check the schedule, build the alias union-find, allocations.
   UnionFind storage(steps);
   __int128 resident_total = 0;  // 128-bit sums: no int64 byte count overflows them (saturate.h)
+  // Per step: the bytes it allocates, or (kTransfer) takes over from its
+  // producer's storage; a step does one or the other, never both.
+  enum StepKind : char { kPlain = 0, kResident = 1, kTransfer = 2 };
   std::vector<std::int64_t> allocation(steps, 0);
-  std::vector<char> resident(steps, 0);
-  std::vector<std::int64_t> transfer(steps, 0);
+  std::vector<char> kind(steps, kPlain);
   std::int32_t last_forward = kNone;
   for (std::size_t s = 0; s < steps; ++s) {
-    const std::int32_t step_node = schedule.node[s];
-    const bool duplicate = schedule.duplicate[s] != 0;
-    const std::int32_t* step_inputs = schedule.inputs.data() + schedule.start[s];
+    const std::int32_t step_node = schedule.node_at(s);
+    const bool duplicate = schedule.duplicate_at(s) != 0;
+    const std::int32_t* step_inputs = schedule.inputs + schedule.start[s];
     const auto input_count = static_cast<std::size_t>(schedule.start[s + 1] - schedule.start[s]);
     if (step_node < 0 || static_cast<std::size_t>(step_node) >= graph.nodes.size())
       throw std::invalid_argument("simulate_memory: " + step_name(graph, schedule, s) + " names no graph node");
@@ -90,7 +124,7 @@ SimulateResult detail::simulate_memory(const Graph& graph, const NodeIndex& inde
     if (duplicate) ++result.stats.duplicate_steps;
     if (index.forward(i) && !duplicate && !index.has(i, Flag::kOutput)) last_forward = static_cast<std::int32_t>(s);
     if (index.has(i, Flag::kResident)) {
-      resident[s] = 1;
+      kind[s] = kResident;
       resident_total += index.output_bytes[i];
       ++result.stats.resident_values;
       continue;
@@ -103,7 +137,8 @@ SimulateResult detail::simulate_memory(const Graph& graph, const NodeIndex& inde
       // takes that element's bytes over from the producer's storage (pass 3)
       // and is freed on its own, as the allocator frees each tensor of a tuple
       // separately.
-      transfer[s] = index.output_bytes[i];
+      kind[s] = kTransfer;
+      allocation[s] = index.output_bytes[i];
       ++result.stats.aliasing_steps;
       continue;
     }
@@ -128,9 +163,9 @@ SimulateResult detail::simulate_memory(const Graph& graph, const NodeIndex& inde
   for (std::size_t s = 0; s < steps; ++s) {
     const auto here = static_cast<std::int32_t>(s);
     auto root = static_cast<std::size_t>(storage.find(here));
-    if (resident[s]) root_resident[root] = 1;
+    if (kind[s] == kResident) root_resident[root] = 1;
     last_use[root] = std::max(last_use[root], here);
-    const bool is_output = index.has(static_cast<std::size_t>(schedule.node[s]), Flag::kOutput);
+    const bool is_output = index.has(static_cast<std::size_t>(schedule.node_at(s)), Flag::kOutput);
     for (auto k = schedule.start[s]; k < schedule.start[s + 1]; ++k) {
       auto r = static_cast<std::size_t>(storage.find(schedule.inputs[static_cast<std::size_t>(k)]));
       last_use[r] = std::max(last_use[r], is_output ? end_of_time : here);
@@ -155,10 +190,10 @@ SimulateResult detail::simulate_memory(const Graph& graph, const NodeIndex& inde
     result.timeline_nodes.reserve(steps);
   }
   for (std::size_t s = 0; s < steps; ++s) {
-    if (transfer[s] > 0) {
+    if (kind[s] == kTransfer && allocation[s] > 0) {
       auto from = static_cast<std::size_t>(storage.find(schedule.inputs[static_cast<std::size_t>(schedule.start[s])]));
       auto to = static_cast<std::size_t>(storage.find(static_cast<std::int32_t>(s)));
-      __int128 moved = std::min(static_cast<__int128>(transfer[s]), held[from]);
+      __int128 moved = std::min(static_cast<__int128>(allocation[s]), held[from]);
       held[from] -= moved;
       held[to] += moved;
       if (moved > 0 && !counted[to]) {
@@ -166,7 +201,7 @@ SimulateResult detail::simulate_memory(const Graph& graph, const NodeIndex& inde
         ++result.stats.storages;
       }
     }
-    if (allocation[s] > 0) {
+    if (kind[s] != kTransfer && allocation[s] > 0) {
       auto root = static_cast<std::size_t>(storage.find(static_cast<std::int32_t>(s)));
       held[root] += allocation[s];
       live += allocation[s];
@@ -177,12 +212,12 @@ SimulateResult detail::simulate_memory(const Graph& graph, const NodeIndex& inde
     }
     if (options.record_timeline) {
       result.timeline.push_back(clamp_bytes(live));
-      result.timeline_nodes.push_back(schedule.node[s]);
+      result.timeline_nodes.push_back(schedule.node_at(s));
     }
     if (result.peak_step < 0 || live > peak) {
       peak = live;
       result.peak_step = static_cast<std::int32_t>(s);
-      result.peak_node = schedule.node[s];
+      result.peak_node = schedule.node_at(s);
     }
     for (auto r = free_head[s]; r != kNone; r = free_next[static_cast<std::size_t>(r)]) {
       live -= held[static_cast<std::size_t>(r)];
@@ -199,5 +234,7 @@ SimulateResult detail::simulate_memory(const Graph& graph, const NodeIndex& inde
   result.peak_bytes_with_resident = clamp_bytes(peak + resident_total);
   return result;
 }
+
+}  // namespace
 
 }  // namespace hyper_ac
