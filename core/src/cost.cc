@@ -72,6 +72,16 @@ FusionGroups fusion_groups(const Graph& graph, const CostOptions& options) {
   return groups;
 }
 
+bool compute_unknown(const Node& node) {
+  if (node.kind != NodeKind::CallFunction || node.flops > 0.0 || node.fusible || node.collective || node.symint ||
+      is_view_like(node) || is_getitem(node) || node.outputs.empty())
+    return false;
+  const auto colon = node.target.find("::");
+  if (colon == std::string::npos) return false;  // operator.getitem, higher-order ops: not custom ops
+  const std::string ns = node.target.substr(0, colon);
+  return ns != "aten" && ns != "prims";
+}
+
 double recompute_seconds(const Graph& graph, std::int32_t index, const CostOptions& options) {
   const Node& node = graph.nodes.at(static_cast<std::size_t>(index));
   if (node.kind != NodeKind::CallFunction || is_view_like(node) || is_getitem(node) || node.symint) return 0.0;

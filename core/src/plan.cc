@@ -5,10 +5,12 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <variant>
 
 #include <nlohmann/json.hpp>
 
+#include "hyper_ac/cost.h"
 #include "hyper_ac/mincut.h"
 #include "hyper_ac/saturate.h"
 #include "hyper_ac/simulate.h"
@@ -79,6 +81,37 @@ std::string joined(const std::vector<std::string>& items, std::size_t limit = 8)
   for (std::size_t i = 0; i < items.size() && i < limit; ++i) out += (i ? ", " : "") + items[i];
   if (items.size() > limit) out += ", ... (" + std::to_string(items.size()) + " in all)";
   return out;
+}
+
+// auto / budget: the custom ops whose compute the graph does not tell
+// (compute_unknown, cost.h) and which the cut decided (tagged PREFER_*): their
+// recompute cost is a lower bound, so say which ones, how many of their nodes
+// the plan replays, and what fixes the estimate. None: nothing.
+void note_compute_unknown(const Graph& graph, const std::vector<Policy>& tags, const RematPlan& remat,
+                          std::vector<Diagnostic>& diagnostics) {
+  std::vector<char> duplicated(graph.nodes.size(), 0);
+  for (const auto& dup : remat.duplicates) duplicated[static_cast<std::size_t>(dup.of)] = 1;
+  std::map<std::string, std::pair<std::size_t, std::size_t>> ops;  // op -> (nodes, replayed); sorted
+  for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
+    const Node& node = graph.nodes[i];
+    if (!node.is_forward() || (tags[i] != Policy::PreferSave && tags[i] != Policy::PreferRecompute) ||
+        !compute_unknown(node))
+      continue;
+    auto& entry = ops[node.target.substr(0, node.target.find('.', node.target.find("::")))];
+    ++entry.first;
+    entry.second += duplicated[i] ? 1 : 0;
+  }
+  if (ops.empty()) return;
+  std::vector<std::string> items;
+  for (const auto& [op, counts] : ops)
+    items.push_back(op + " (" + std::to_string(counts.first) + " node(s), " + std::to_string(counts.second) +
+                    " replayed)");
+  diagnostics.push_back(
+      {Severity::Info, -1,
+       "recompute cost of custom op(s) " + joined(items) +
+           " priced from the bytes they move only: the graph carries no FLOP count for them (no formula in "
+           "torch.utils.flop_counter), so a compute-heavy op looks as cheap to replay as a copy; register one "
+           "(torch.utils.flop_counter.register_flop_formula) or name the op in op_policy"});
 }
 
 // The replay schedule follows the units (remat.h).
@@ -385,6 +418,8 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
   result.stats.recompute_seconds = evaluation.recompute_seconds;
   result.remat = std::move(evaluation.remat);
   result.policies = result.remat.policies;
+  if (config.mode == Mode::Auto || config.mode == Mode::Budget)
+    note_compute_unknown(graph, result.tags.policies, result.remat, result.diagnostics);
 
   std::vector<char> duplicated(graph.nodes.size(), 0);
   for (const auto& dup : result.remat.duplicates) duplicated[static_cast<std::size_t>(dup.of)] = 1;

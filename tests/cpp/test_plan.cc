@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "hyper_ac/cost.h"
 #include "hyper_ac/plan.h"
 #include "sample_graphs.h"
 
@@ -313,5 +314,94 @@ TEST_CASE("budget mode against brute force: met budgets fit, feasible budgets ar
       CHECK(r.stats.simulated_peak_after <= r.stats.budget_bytes);
       CHECK(r.stats.recompute_seconds >= best * (1 - 1e-9));
     }
+  }
+}
+
+namespace {
+
+// Two units of mm -> custom op -> relu whose backward reads the custom op's
+// output: `custom_target` has no FLOP count unless `custom_flops` > 0.
+Graph custom_op_graph(const std::string& custom_target, double custom_flops) {
+  const std::int64_t A = 1 << 16;
+  GraphBuilder b;
+  auto op = [&](const std::string& name, const std::string& target, std::vector<std::string> inputs,
+                const std::string& fqn, double flops, const std::string& phase = "forward") {
+    GraphBuilder::NodeSpec spec;
+    spec.target = target;
+    spec.inputs = std::move(inputs);
+    spec.fqn = fqn;
+    spec.bytes = A;
+    spec.flops = flops;
+    spec.phase = phase;
+    b.add(name, spec);
+  };
+  b.placeholder("x", "input", A);
+  std::vector<std::pair<std::string, std::string>> units;
+  std::string in = "x";
+  for (int u = 0; u < 2; ++u) {
+    const std::string s = std::to_string(u), fqn = "layers." + s;
+    b.placeholder("w" + s, "parameter", 4096);
+    op("mm" + s, "aten::mm.default", {in, "w" + s}, fqn, 1e6);
+    op("ex" + s, custom_target, {"mm" + s, "w" + s}, fqn, custom_flops);
+    op("relu" + s, "aten::relu.default", {"ex" + s}, fqn, 0);
+    units.push_back({fqn, "Block"});
+    in = "relu" + s;
+  }
+  op("loss", "aten::sum.default", {in}, "", 0);
+  b.placeholder("tangent", "tangent", 4, "backward");
+  std::vector<std::string> outs = {"loss"};
+  for (int u = 1; u >= 0; --u) {
+    const std::string s = std::to_string(u);
+    op("g" + s, "aten::mul.Tensor", {"tangent", "ex" + s, "relu" + s}, "", 0, "backward");
+    outs.push_back("g" + s);
+  }
+  b.output(outs);
+  b.model("Net", units, units);
+  return b.graph();
+}
+
+std::vector<std::string> unknown_compute_notes(const Graph& graph, const char* mode) {
+  PlanOptions options;
+  const std::string budget = std::string(mode) == "budget" ? R"(, "ac_memory_budget": 0.5)" : "";
+  options.config = parse_config(std::string(R"({"ac_mode": ")") + mode + "\"" + budget + "}");
+  options.op_policy = parse_op_policy(kTable);
+  std::vector<std::string> notes;
+  for (const auto& d : plan(graph, options).diagnostics)
+    if (d.message.find("priced from the bytes they move only") != std::string::npos) notes.push_back(d.message);
+  return notes;
+}
+
+}  // namespace
+
+// A custom op without a FLOP count is priced by its bytes only (cost.h,
+// compute_unknown): auto and budget say so, naming the op and how many of its
+// nodes they replay; aten ops and custom ops with a FLOP count are not named.
+TEST_CASE("auto and budget name the custom ops whose recompute cost lacks FLOPs", "[plan][cost]") {
+  const Graph blind = custom_op_graph("vendor::expert_mm.default", 0);
+  for (const char* mode : {"auto", "budget"}) {
+    INFO("mode " << mode);
+    const auto notes = unknown_compute_notes(blind, mode);
+    REQUIRE(notes.size() == 1);
+    CHECK(notes[0].find("vendor::expert_mm (2 node(s), ") != std::string::npos);
+    CHECK(notes[0].find("register_flop_formula") != std::string::npos);
+  }
+  CHECK(unknown_compute_notes(blind, "selective").empty());  // an op table decides there, not a cost
+  CHECK(unknown_compute_notes(custom_op_graph("vendor::expert_mm.default", 1e6), "auto").empty());
+  CHECK(unknown_compute_notes(custom_op_graph("aten::index_select.default", 0), "auto").empty());
+
+  Node node;
+  node.kind = NodeKind::CallFunction;
+  node.target = "vendor::expert_mm.default";
+  node.outputs.push_back({});
+  CHECK(compute_unknown(node));
+  node.flops = 1.0;
+  CHECK_FALSE(compute_unknown(node));
+  node.flops = 0.0;
+  node.fusible = true;
+  CHECK_FALSE(compute_unknown(node));
+  node.fusible = false;
+  for (const char* target : {"aten::sort.default", "prims::iota.default", "operator.getitem"}) {
+    node.target = target;
+    CHECK_FALSE(compute_unknown(node));
   }
 }

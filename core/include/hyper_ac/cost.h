@@ -68,6 +68,15 @@ double member_seconds(const Graph& graph, const FusionGroups& groups, std::int32
 // bandwidth); 0 for SymInt nodes.
 double read_seconds(const Graph& graph, std::int32_t node, const CostOptions& options);
 
+// A node whose compute the graph cannot tell: a call_function of a custom op
+// (target namespace other than aten / prims, e.g. `transformers::...`), not a
+// view, projection, collective, SymInt or fusible op, with no FLOP count (the
+// serialiser found no formula in torch.utils.flop_counter). Its recompute cost
+// is priced from the bytes it moves only, a lower bound: a custom matmul looks
+// as cheap to replay as a copy. aten / prims ops without a formula are the
+// memory-bound ones (index, gather, sort, cumsum, ...), priced correctly so.
+bool compute_unknown(const Node& node);
+
 // Cost of replaying the set `nodes`. Eager: the sum of recompute_seconds (each
 // counted as often as listed). Inductor: the group formula above over the
 // distinct nodes (non-members at their roofline).
