@@ -16,6 +16,8 @@ import torch
 from torch import fx
 from torch.utils.checkpoint import CheckpointPolicy
 
+from hyper_ac._gc import paused_gc
+
 __all__ = ["apply_elided_copies", "apply_plan"]
 
 
@@ -39,6 +41,11 @@ def apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], *, tag_only: bool = 
     build new modules from the graph anyway (the backend's partition step):
     code generation is the slowest part of applying a plan to a large graph.
     """
+    with paused_gc():  # thousands of new nodes: no full-heap collections midway (hyper_ac._gc)
+        return _apply_plan(gm, plan, tag_only, recompile)
+
+
+def _apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], tag_only: bool, recompile: bool) -> fx.GraphModule:
     graph = gm.graph
     by_name = {node.name: node for node in graph.nodes}
 

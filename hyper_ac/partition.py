@@ -16,13 +16,13 @@ Two ways to split (config key ``split``, docs/config.md):
 
 from __future__ import annotations
 
-import gc
-
 from typing import Any, Mapping, Optional, Sequence
 
 import torch
 from torch import fx
 from torch._functorch import partitioners as _partitioners
+
+from hyper_ac._gc import paused_gc
 
 __all__ = ["saved_values", "partition_joint", "build_modules"]
 
@@ -166,13 +166,8 @@ def build_modules(joint_module: fx.GraphModule, split: Mapping[str, Any], *,
     """
     # Tens of thousands of new nodes: the cyclic GC would rescan them over and over
     # (as in hyper_ac.serialize); nothing here needs collecting until the modules exist.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with paused_gc():
         return _build_modules(joint_module, split, num_fwd_outputs)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
 
 
 def _build_modules(joint_module: fx.GraphModule, split: Mapping[str, Any],

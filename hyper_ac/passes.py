@@ -21,6 +21,7 @@ from typing import Any, Mapping, Optional, Union
 from torch import fx
 
 from hyper_ac import _core
+from hyper_ac._gc import paused_gc
 from hyper_ac.apply import apply_plan
 from hyper_ac.config import Config, adapter_for, adapter_hook_ran, apply_adapter_hook, load_config, op_policy_json
 from hyper_ac.pipeline import GraphPass, PassOrderError, placeholders_rewritten_by
@@ -177,18 +178,20 @@ def plan(graph: Union[fx.GraphModule, str, Mapping[str, Any]], config: Any, mode
     if not isinstance(split, bool):
         raise TypeError(f"hyper_ac.plan: split must be a bool, got {type(split).__name__}")
     cfg = load_config(config)
-    t0 = time.perf_counter()
-    graph_json = _graph_json(graph, model, "plan")
-    t1 = time.perf_counter()
-    split_doc = None
-    if split:
-        plan_text, split_text = _core.plan_split(graph_json, cfg.json_for(model), op_policy_json(), timeline=timeline)
-        split_doc = json.loads(split_text)
-    else:
-        plan_text = _core.plan(graph_json, cfg.json_for(model), op_policy_json(), timeline=timeline)
-    t2 = time.perf_counter()
-    return PassResult(cfg.mode, json.loads(plan_text), plan_seconds=t2 - t1, serialize_seconds=t1 - t0,
-                      split=split_doc)
+    with paused_gc():  # large documents both ways (hyper_ac._gc)
+        t0 = time.perf_counter()
+        graph_json = _graph_json(graph, model, "plan")
+        t1 = time.perf_counter()
+        split_doc = None
+        if split:
+            plan_text, split_text = _core.plan_split(graph_json, cfg.json_for(model), op_policy_json(),
+                                                     timeline=timeline)
+            split_doc = json.loads(split_text)
+        else:
+            plan_text = _core.plan(graph_json, cfg.json_for(model), op_policy_json(), timeline=timeline)
+        t2 = time.perf_counter()
+        return PassResult(cfg.mode, json.loads(plan_text), plan_seconds=t2 - t1, serialize_seconds=t1 - t0,
+                          split=split_doc)
 
 
 class ActivationCheckpointPass(GraphPass):

@@ -24,7 +24,6 @@ per target, so the cost is linear in the graph).
 
 from __future__ import annotations
 
-import gc
 import json
 import operator
 from typing import Any
@@ -33,6 +32,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from hyper_ac import _core
+from hyper_ac._gc import paused_gc
 from hyper_ac.annotate import phase_of
 from hyper_ac.op_facts import (_PY_SYM_TYPES, _flops, _output_facts, _positions, is_exact_copy, op_facts, rng_state_bytes,
                                target_name)
@@ -176,13 +176,8 @@ def serialize_graph(
     """
     # Millions of small dicts/lists: the cyclic GC would rescan them over and
     # over (quadratic-looking pauses on 100k-node graphs). Nothing here makes cycles.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with paused_gc():
         return _serialize(gm, model, unbacked_fallback, with_flops)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
 
 
 def _input_mutation_descs(graph: fx.Graph) -> list:
@@ -202,13 +197,18 @@ def _input_mutation_descs(graph: fx.Graph) -> list:
 
 
 def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_fallback: int,
-               with_flops: bool) -> dict:
+               with_flops: bool, wire: bool = False) -> dict:
+    """The graph document; ``wire``: straight in :func:`compact`'s form (the same
+    dict, key for key and in the same order, without building the full one first)."""
     graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
     owner = gm if isinstance(gm, fx.GraphModule) else getattr(graph, "owning_module", None)
     ids: dict[fx.Node, int] = {}
     backward_nodes: set[fx.Node] = set()
     out_nodes: list[dict] = []
+    stack_table: list[list[dict]] = []  # wire: the interned module stacks
+    stack_index: dict[tuple, int] = {}
     mutated_descs = _input_mutation_descs(graph)
+    getitem = operator.getitem
     for i, node in enumerate(graph.nodes):
         ids[node] = i
         op = node.op
@@ -217,75 +217,121 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
                 f"node {node.name!r}: kind {op!r} is not in graph format v1 (expected a joint aten graph "
                 "with only placeholder / call_function / get_attr / output nodes)"
             )
+        meta = node.meta
         inputs = node.all_input_nodes
         input_ids = [ids[n] for n in inputs]
         is_bwd = phase_of(node, backward_nodes)
         if is_bwd:
             backward_nodes.add(node)
-        val = node.meta.get("val")
-        entry: dict[str, Any] = {
-            "id": i,
-            "name": node.name,
-            "kind": op,
-            "target": target_name(node),
-            "inputs": input_ids,
-            "phase": "backward" if is_bwd else "forward",
-            "outputs": _output_facts(val, unbacked_fallback) if op != "output" else [],
-            "flops": 0.0,
-            "module_stack": _module_stack(node),
-            "rng": False,
-            "symint": isinstance(val, _PY_SYM_TYPES),
-            "collective": False,
-            "view": False,
-            "mutated_inputs": [],
-            "aliased_inputs": [],
-            "role": _role_of(node),
-            "subgraph": False,
-            "mutated": op == "placeholder" and node.meta.get("desc") in mutated_descs,
-            "policy": _policy_name(node.meta.get("recompute")),
-            "ac_graph_id": _graph_id(node),
-            "recomputed_from": None,
-        }
-        src = node.meta.get("ac_recomputed_from")
+        val = meta.get("val")
+        flops = 0.0
+        rng = collective = view = subgraph = False
+        mutated_inputs: list[int] = []
+        aliased_inputs: list[int] = []
+        recomputed_from = None
+        extra: list[tuple[str, Any]] = []  # fields written only when set, in this order
+        src = meta.get("ac_recomputed_from")
         if src is not None:
-            entry["recomputed_from"] = src.name if isinstance(src, fx.Node) else str(src)
+            recomputed_from = src.name if isinstance(src, fx.Node) else str(src)
         if op == "call_function":
             target = node.target
-            if target is operator.getitem:
+            if target is getitem:
                 if inputs:
-                    entry["aliased_inputs"] = [0]  # the producer's element (same storage)
-                entry["fusible"] = True
+                    aliased_inputs = [0]  # the producer's element (same storage)
+                extra.append(("fusible", True))
             else:
                 facts = op_facts(target)
-                entry["rng"] = facts.rng
+                rng = facts.rng
                 if facts.rng:
                     state_bytes = rng_state_bytes(node)
                     if state_bytes:
-                        entry["rng_state_bytes"] = state_bytes
-                entry["collective"] = facts.collective
+                        extra.append(("rng_state_bytes", state_bytes))
+                collective = facts.collective
                 if facts.fusible:  # written only when true (docs/graph-format.md)
-                    entry["fusible"] = True
+                    extra.append(("fusible", True))
                 if is_exact_copy(node):  # written only when true
-                    entry["copy"] = True
+                    extra.append(("copy", True))
                 if facts.mutated or facts.aliased:
                     pos_of = {n: p for p, n in enumerate(inputs)}
-                    entry["mutated_inputs"] = _positions(node, facts, facts.mutated, pos_of)
-                    entry["aliased_inputs"] = _positions(node, facts, facts.aliased, pos_of)
-                    entry["view"] = facts.view and bool(entry["aliased_inputs"])
+                    mutated_inputs = _positions(node, facts, facts.mutated, pos_of)
+                    aliased_inputs = _positions(node, facts, facts.aliased, pos_of)
+                    view = facts.view and bool(aliased_inputs)
                 if with_flops and facts.flop_formula is not None:
-                    entry["flops"] = _flops(node, facts, unbacked_fallback)
+                    flops = _flops(node, facts, unbacked_fallback)
         elif op == "get_attr" and owner is not None:
             try:
                 attr = owner
                 for part in str(node.target).split("."):
                     attr = getattr(attr, part)
-                entry["subgraph"] = isinstance(attr, fx.GraphModule)
+                subgraph = isinstance(attr, fx.GraphModule)
             except AttributeError:
                 pass
+        outputs = _output_facts(val, unbacked_fallback) if op != "output" else []
+        symint = isinstance(val, _PY_SYM_TYPES)
+        role = _role_of(node)
+        mutated = op == "placeholder" and meta.get("desc") in mutated_descs
+        policy = _policy_name(meta.get("recompute"))
+        graph_id = _graph_id(node)
+        phase = "backward" if is_bwd else "forward"
+        if not wire:
+            entry: dict[str, Any] = {
+                "id": i, "name": node.name, "kind": op, "target": target_name(node), "inputs": input_ids,
+                "phase": phase, "outputs": outputs, "flops": flops, "module_stack": _module_stack(node),
+                "rng": rng, "symint": symint, "collective": collective, "view": view,
+                "mutated_inputs": mutated_inputs, "aliased_inputs": aliased_inputs, "role": role,
+                "subgraph": subgraph, "mutated": mutated, "policy": policy, "ac_graph_id": graph_id,
+                "recomputed_from": recomputed_from,
+            }
+            entry.update(extra)
+            out_nodes.append(entry)
+            continue
+        # compact()'s rules, field by field: defaults left out, the stack interned and last
+        entry = {"id": i, "name": node.name, "kind": op, "target": target_name(node), "inputs": input_ids,
+                 "phase": phase}
+        if outputs != []:
+            entry["outputs"] = outputs
+        if flops != 0:
+            entry["flops"] = flops
+        if rng is not False:
+            entry["rng"] = rng
+        if symint is not False:
+            entry["symint"] = symint
+        if collective is not False:
+            entry["collective"] = collective
+        if view is not False:
+            entry["view"] = view
+        if mutated_inputs != []:
+            entry["mutated_inputs"] = mutated_inputs
+        if aliased_inputs != []:
+            entry["aliased_inputs"] = aliased_inputs
+        if role != "activation":
+            entry["role"] = role
+        if subgraph is not False:
+            entry["subgraph"] = subgraph
+        if mutated is not False:
+            entry["mutated"] = mutated
+        if policy is not None:
+            entry["policy"] = policy
+        if graph_id is not None:
+            entry["ac_graph_id"] = graph_id
+        if recomputed_from is not None:
+            entry["recomputed_from"] = recomputed_from
+        for key, value in extra:
+            entry[key] = value
+        stack = meta.get("ac_module_stack")
+        if stack:
+            key = tuple((fqn, typ) for fqn, typ in stack)
+            at = stack_index.get(key)
+            if at is None:
+                at = stack_index[key] = len(stack_table)
+                stack_table.append([{"fqn": fqn, "type": typ} for fqn, typ in stack])
+            entry["stack"] = at
         out_nodes.append(entry)
     doc: dict[str, Any] = {"format": FORMAT, "version": VERSION}
     if model is not None:
         doc["model"] = model_facts(getattr(model, "_orig_mod", model))
+    if wire:
+        doc["module_stacks"] = stack_table
     doc["nodes"] = out_nodes
     return doc
 
@@ -338,15 +384,12 @@ def to_json(gm: fx.GraphModule | fx.Graph, model: nn.Module | None = None, *, in
             full: bool = False, **kwargs: Any) -> str:
     """:func:`serialize_graph` as a JSON string: the compact wire form
     (:func:`compact`) unless ``full``; one line unless ``indent``."""
-    doc = serialize_graph(gm, model, **kwargs)
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        if not full:
-            doc = compact(doc)
+    with paused_gc():
+        if full:
+            doc = serialize_graph(gm, model, **kwargs)
+        else:  # compact(serialize_graph(...)), built in one pass
+            doc = _serialize(gm, model, kwargs.pop("unbacked_fallback", UNBACKED_FALLBACK),
+                             kwargs.pop("with_flops", True), wire=True, **kwargs)
         if indent is None:
             return json.dumps(doc, separators=(",", ":"))
         return json.dumps(doc, indent=indent)
-    finally:
-        if gc_was_enabled:
-            gc.enable()

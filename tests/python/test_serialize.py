@@ -133,6 +133,8 @@ def test_captured_graphs_follow_the_format(any_model):
 
     wire = to_json(gm, any_model.model)
     assert len(wire) < len(text)
+    # built in one pass, it is compact() of the full document byte for byte
+    assert wire == json.dumps(serialize.compact(doc), separators=(",", ":"))
     assert _core.roundtrip(wire) == _core.roundtrip(text)
 
 
