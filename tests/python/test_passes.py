@@ -414,8 +414,10 @@ def test_unmarked_cnn_with_batchnorm(mode):
     if mode == "auto":
         # What is left to recompute are the convs: 35 us of replay at the CPU roofline
         # each, more than their 32 KiB are worth at auto's exchange rate, so auto
-        # (no budget) keeps them; full and a budget replay them.
-        assert stats["nodes_duplicated"] == 0 and stats["lambda"] > 0
+        # (no budget) keeps them; full and a budget replay them. It may replay the
+        # free `detach` views the backward reads (no FLOPs, no bytes).
+        assert stats["recompute_flops"] == 0 and stats["lambda"] > 0
+        assert stats["saved_bytes_after"] == stats["saved_bytes_before"]
     else:
         assert stats["nodes_duplicated"] > 0
         assert stats["saved_bytes_after"] < stats["saved_bytes_before"]
