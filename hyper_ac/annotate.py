@@ -166,15 +166,6 @@ def annotate_joint(
     fwd_outputs = [o for o in outputs[:num_fwd_outputs] if isinstance(o, fx.Node)]
 
     # ---- phase ------------------------------------------------------------
-    # Forward dependency cone of the forward outputs.
-    fwd_required: set[fx.Node] = set()
-    stack = list(fwd_outputs)
-    while stack:
-        n = stack.pop()
-        if n in fwd_required:
-            continue
-        fwd_required.add(n)
-        stack.extend(n.all_input_nodes)
     # Nodes the forward must run wherever they sit: the input-mutation epilogue
     # (``copy_`` into a buffer, tagged ``must_be_in_forward``) comes after the
     # backward in the joint. They and their inputs are forward, but their
@@ -182,7 +173,9 @@ def annotate_joint(
     # tangent-free backward node (a decomposed batch-norm backward's x - mean)
     # would count as forward.
     pinned_forward = [n for n in nodes if n.meta.get("partitioner_tag") == "must_be_in_forward" and n.op != "placeholder"]
-    stack = [i for n in pinned_forward for i in n.all_input_nodes]
+    # Forward dependency cone of the forward outputs and of those nodes' inputs.
+    fwd_required: set[fx.Node] = set()
+    stack = list(fwd_outputs) + [i for n in pinned_forward for i in n.all_input_nodes]
     while stack:
         n = stack.pop()
         if n in fwd_required:

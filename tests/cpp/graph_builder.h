@@ -73,6 +73,19 @@ class GraphBuilder {
     spec.extra = std::move(extra);
     return add(name, spec);
   }
+  // A node with explicit output bytes, FLOPs and phase (size-sensitive tests).
+  GraphBuilder& sized(const std::string& name, const std::string& target, std::vector<std::string> inputs,
+                      const std::string& fqn, std::int64_t bytes, double flops = 0,
+                      const std::string& phase = "forward") {
+    NodeSpec spec;
+    spec.target = target;
+    spec.inputs = std::move(inputs);
+    spec.fqn = fqn;
+    spec.bytes = bytes;
+    spec.flops = flops;
+    spec.phase = phase;
+    return add(name, spec);
+  }
   GraphBuilder& bwd(const std::string& name, const std::string& target, std::vector<std::string> inputs,
                     json extra = json::object()) {
     NodeSpec spec;

@@ -25,14 +25,7 @@ GraphBuilder activation_heavy(int units) {
   GraphBuilder b;
   auto op = [&](const std::string& name, const std::string& target, std::vector<std::string> inputs,
                 const std::string& fqn, double flops, const std::string& phase = "forward") {
-    GraphBuilder::NodeSpec spec;
-    spec.target = target;
-    spec.inputs = std::move(inputs);
-    spec.fqn = fqn;
-    spec.bytes = A;
-    spec.flops = flops;
-    spec.phase = phase;
-    b.add(name, spec);
+    b.sized(name, target, std::move(inputs), fqn, A, flops, phase);
   };
   b.placeholder("x", "input", A);
   std::vector<std::pair<std::string, std::string>> modules, unit_list;
@@ -326,14 +319,7 @@ Graph custom_op_graph(const std::string& custom_target, double custom_flops) {
   GraphBuilder b;
   auto op = [&](const std::string& name, const std::string& target, std::vector<std::string> inputs,
                 const std::string& fqn, double flops, const std::string& phase = "forward") {
-    GraphBuilder::NodeSpec spec;
-    spec.target = target;
-    spec.inputs = std::move(inputs);
-    spec.fqn = fqn;
-    spec.bytes = A;
-    spec.flops = flops;
-    spec.phase = phase;
-    b.add(name, spec);
+    b.sized(name, target, std::move(inputs), fqn, A, flops, phase);
   };
   b.placeholder("x", "input", A);
   std::vector<std::pair<std::string, std::string>> units;

@@ -202,13 +202,7 @@ GraphBuilder chain(int units, std::int64_t bytes) {
   GraphBuilder b;
   auto node = [&](const std::string& name, const std::string& target, std::vector<std::string> inputs,
                   const std::string& fqn, const std::string& phase) {
-    GraphBuilder::NodeSpec spec;
-    spec.target = target;
-    spec.inputs = std::move(inputs);
-    spec.fqn = fqn;
-    spec.phase = phase;
-    spec.bytes = bytes;
-    b.add(name, spec);
+    b.sized(name, target, std::move(inputs), fqn, bytes, 0, phase);
   };
   b.placeholder("x", "input", bytes);
   node("h0", "aten::neg.default", {"x"}, "", "forward");
