@@ -89,6 +89,37 @@ def hf_captured(request) -> Captured:
     return get_captured(request.param)
 
 
+@pytest.fixture
+def small_resnet():
+    """``small_resnet()`` → a residual conv/batch-norm CNN with no checkpoint marker, its
+    blocks in an ``nn.Sequential`` (``layer1.0..2``); BatchNorm updates its buffers in place.
+    Called as ``model(x=[N,3,H,W], y=[N] class ids)``; it returns the loss."""
+    from torch import nn
+
+    class ConvBlock(nn.Module):
+        def __init__(self, channels):
+            super().__init__()
+            self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+            self.bn = nn.BatchNorm2d(channels)
+
+        def forward(self, x):
+            import torch
+
+            return torch.relu(x + self.bn(self.conv(x)))
+
+    class SmallResNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(3, 8, 3, padding=1)
+            self.layer1 = nn.Sequential(ConvBlock(8), ConvBlock(8), ConvBlock(8))
+            self.head = nn.Linear(8, 10)
+
+        def forward(self, x, y):
+            return nn.functional.cross_entropy(self.head(self.layer1(self.stem(x)).mean((2, 3))), y)
+
+    return SmallResNet
+
+
 def core_module():
     """``hyper_ac._core`` or skip (it exists once ``make build`` has run)."""
     try:

@@ -156,33 +156,10 @@ def test_native_split_dynamic_shapes(compared):
     assert compared[0][3]["saved_symints"]
 
 
-class _ConvBlock(nn.Module):
-    def __init__(self, c: int):
-        super().__init__()
-        self.conv = nn.Conv2d(c, c, 3, padding=1)
-        self.bn = nn.BatchNorm2d(c)
-
-    def forward(self, x):
-        return torch.relu(self.bn(self.conv(x))) + x
-
-
-class _SmallCNN(nn.Module):
-    """No marker; blocks in an nn.Sequential; BatchNorm updates its buffers in place."""
-
-    def __init__(self):
-        super().__init__()
-        self.stem = nn.Conv2d(3, 8, 3, padding=1)
-        self.layer1 = nn.Sequential(_ConvBlock(8), _ConvBlock(8), _ConvBlock(8))
-        self.head = nn.Linear(8, 10)
-
-    def forward(self, x, y):
-        return nn.functional.cross_entropy(self.head(self.layer1(self.stem(x)).mean((2, 3))), y)
-
-
 @pytest.mark.parametrize("mode", ["full", "auto"])
-def test_native_split_cnn_with_batchnorm(compared, mode):
+def test_native_split_cnn_with_batchnorm(compared, mode, small_resnet):
     torch.manual_seed(0)
-    model = _SmallCNN()
+    model = small_resnet()
     batch = {"x": torch.randn(4, 3, 16, 16), "y": torch.randint(0, 10, (4,))}
     _check(model, batch, {"ac_mode": mode}, compared)
 

@@ -369,33 +369,10 @@ def test_duplicates_get_private_subgraph_references():
     gm.graph.lint()
 
 
-class _ConvBlock(nn.Module):
-    def __init__(self, channels):
-        super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
-        self.bn = nn.BatchNorm2d(channels)
-
-    def forward(self, x):
-        return torch.relu(x + self.bn(self.conv(x)))
-
-
-class _SmallResNet(nn.Module):
-    """No gradient_checkpointing marker; blocks in an nn.Sequential; BatchNorm updates buffers."""
-
-    def __init__(self):
-        super().__init__()
-        self.stem = nn.Conv2d(3, 8, 3, padding=1)
-        self.layer1 = nn.Sequential(_ConvBlock(8), _ConvBlock(8), _ConvBlock(8))
-        self.head = nn.Linear(8, 10)
-
-    def forward(self, x, y):
-        return nn.functional.cross_entropy(self.head(self.layer1(self.stem(x)).mean((2, 3))), y)
-
-
 @pytest.mark.parametrize("mode", ["full", "auto", "budget"])
-def test_unmarked_cnn_with_batchnorm(mode):
+def test_unmarked_cnn_with_batchnorm(mode, small_resnet):
     torch.manual_seed(0)
-    model = _SmallResNet()
+    model = small_resnet()
     batch = {"x": torch.randn(4, 3, 16, 16), "y": torch.randint(0, 10, (4,))}
     reference_model = copy.deepcopy(model)
     reference = _eager_step(reference_model, batch)
