@@ -207,6 +207,7 @@ struct Descent {
   std::size_t evaluations = 0;
   std::size_t saved_again = 0;  // candidates kept saved
   bool bounded = false;         // stopped by the bounds, not by a pass without change
+  double simulate_seconds = 0.0;  // the simulate part of its evaluations (the rest of its time is remat)
 };
 
 Descent descend_within_budget(const Graph& graph, const detail::NodeIndex& index, const std::vector<Policy>& tags,
@@ -242,6 +243,7 @@ Descent descend_within_budget(const Graph& graph, const detail::NodeIndex& index
       trial[v] = Policy::PreferSave;
       Evaluation evaluation = evaluate_indexed(graph, index, trial, cost, schedule, &seconds);
       ++descent.evaluations;
+      descent.simulate_seconds += evaluation.simulate_seconds;
       if (evaluation.simulated_peak_bytes > target || !(evaluation.recompute_seconds < chosen.recompute_seconds)) continue;
       evaluation.lambda = chosen.lambda;
       chosen = std::move(evaluation);
@@ -255,7 +257,9 @@ Descent descend_within_budget(const Graph& graph, const detail::NodeIndex& index
 
 // Budget mode: the least-recompute point of the Pareto frontier whose
 // simulated peak fits, then the descent above; none fits -> the smallest
-// peak, with a warning.
+// peak, with a warning. Adds the time of every evaluation it runs (the
+// chosen one included) to result.timings, each once: plan() adds nothing
+// more for budget mode.
 Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& index, const Config& config,
                                 const StageOptions& stages, const SimulateResult& all_saved, PlanResult& result) {
   const std::int64_t target = budget_target(graph, config.mincut.memory_budget, all_saved);
@@ -271,7 +275,8 @@ Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& ind
   for (const auto& point : frontier.points) {
     Evaluation evaluation = evaluate_indexed(graph, index, point.policies, stages.cost, schedule, &seconds);
     evaluation.lambda = point.lambda;
-    result.timings.remat_seconds += evaluation.remat_seconds + evaluation.simulate_seconds;
+    result.timings.remat_seconds += evaluation.remat_seconds;
+    result.timings.simulate_seconds += evaluation.simulate_seconds;
     if (evaluation.simulated_peak_bytes <= target) {
       chosen = std::move(evaluation);
       met = any = true;
@@ -283,13 +288,18 @@ Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& ind
       any = true;
     }
   }
-  if (!any) chosen = evaluate_indexed(graph, index, result.tags.policies, stages.cost, schedule, &seconds);
+  if (!any) {
+    chosen = evaluate_indexed(graph, index, result.tags.policies, stages.cost, schedule, &seconds);
+    result.timings.remat_seconds += chosen.remat_seconds;
+    result.timings.simulate_seconds += chosen.simulate_seconds;
+  }
   if (met) {
     const double frontier_seconds = chosen.recompute_seconds;
     auto descent_started = Clock::now();
     const Descent descent =
         descend_within_budget(graph, index, result.tags.policies, *fitting, target, stages.cost, schedule, seconds, chosen);
-    result.timings.remat_seconds += seconds_since(descent_started);
+    result.timings.remat_seconds += seconds_since(descent_started) - descent.simulate_seconds;
+    result.timings.simulate_seconds += descent.simulate_seconds;
     if (descent.saved_again > 0 || descent.bounded)
       result.diagnostics.push_back(
           {Severity::Info, -1,
@@ -410,8 +420,10 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
   } else {
     evaluation = evaluate_indexed(graph, index, result.tags.policies, stages.cost, unit_schedule(result.scope));
   }
-  result.timings.remat_seconds += evaluation.remat_seconds;
-  result.timings.simulate_seconds += evaluation.simulate_seconds;
+  if (config.mode != Mode::Budget) {  // choose_within_budget counted its evaluations, this one among them
+    result.timings.remat_seconds += evaluation.remat_seconds;
+    result.timings.simulate_seconds += evaluation.simulate_seconds;
+  }
   result.stats.lambda = evaluation.lambda;
   result.stats.simulated_peak_after = evaluation.simulated_peak_bytes;
   result.stats.simulated_activation_peak_after = evaluation.simulated_activation_peak_bytes;

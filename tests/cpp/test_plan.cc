@@ -158,6 +158,33 @@ TEST_CASE("a budget past 2^63 bytes means no limit: the cheapest plan", "[plan][
   }
 }
 
+// PlanTimings: each stage's time is measured over its own stretch of plan(),
+// so the stages never add up to more than the total. Budget mode once added
+// the chosen point's remat and simulate seconds twice (once while walking the
+// frontier, again in plan()); on a graph where the evaluations are most of the
+// work the sum then passed the total. A fraction budget (met at some frontier
+// point, then the descent) and a byte budget past every peak (the first point).
+TEST_CASE("budget timings: every evaluation counted once, stages within the total", "[plan][budget][timings]") {
+  const auto b = activation_heavy(400);
+  const Graph graph = b.graph();
+  std::vector<PlanOptions> all = {budget_options(0.8), budget_options(0.95)};
+  all.push_back(budget_options(0.95));
+  all.back().config = parse_config(R"({"ac_mode": "budget", "ac_memory_budget": 1e19})");
+  for (const auto& options : all) {
+    for (int run = 0; run < 5; ++run) {
+      const PlanResult r = plan(graph, options);
+      const PlanTimings& t = r.timings;
+      INFO("scope " << t.scope_seconds << " tag " << t.tag_seconds << " min-cut " << t.mincut_seconds << " remat "
+                    << t.remat_seconds << " simulate " << t.simulate_seconds << " total " << t.total_seconds);
+      CHECK(r.stats.budget_met);
+      CHECK(t.remat_seconds > 0.0);
+      CHECK(t.simulate_seconds > 0.0);
+      CHECK(t.scope_seconds + t.tag_seconds + t.mincut_seconds + t.remat_seconds + t.simulate_seconds <=
+            t.total_seconds + 1e-9);
+    }
+  }
+}
+
 namespace {
 
 // The fuzz input format (docs/testing.md): graph JSON, NUL, config JSON.

@@ -56,9 +56,11 @@ struct PlanTimings {
   double scope_seconds = 0.0;
   double tag_seconds = 0.0;
   double mincut_seconds = 0.0;    // max-flow solves (auto: one; budget: the frontier)
+  // Every evaluation plan() runs, each once (budget: each frontier point
+  // tried and the descent's trials; the chosen one is among them).
   double remat_seconds = 0.0;
-  double simulate_seconds = 0.0;
-  double total_seconds = 0.0;      // plan(), end to end
+  double simulate_seconds = 0.0;   // the estimate before, then each evaluation's
+  double total_seconds = 0.0;      // plan(), end to end; the stages above are disjoint parts of it
   double load_seconds = 0.0;       // JSON parse + validation, filled by the caller that loaded the graph
 };
 
