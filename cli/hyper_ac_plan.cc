@@ -29,16 +29,14 @@ const char* kUsage =
     "  --pareto        print the memory/recompute frontier (JSON, as _core.pareto) instead of planning\n"
     "  --flow-network  print the auto min-cut's s-t network as DIMACS (as _core.flow_network)\n";
 
-// The whole file, in a string with 64 spare bytes of capacity: the graph
-// loader's fast path (simdjson) reads past the end and otherwise copies.
+// The whole file (a config or an operator table; the graph is read by
+// load_graph_file).
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw std::runtime_error("cannot open '" + path + "'");
   const std::streamoff size = in.tellg();
   if (size < 0) throw std::runtime_error("cannot read '" + path + "'");
-  std::string text;
-  text.resize(static_cast<std::size_t>(size) + 64);  // zeroed padding
-  text.resize(static_cast<std::size_t>(size));       // keeps the capacity
+  std::string text(static_cast<std::size_t>(size), '\0');
   in.seekg(0);
   if (!in.read(text.data(), size)) throw std::runtime_error("cannot read '" + path + "'");
   return text;
@@ -98,7 +96,7 @@ int main(int argc, char** argv) {
   }
   try {
     const auto started = std::chrono::steady_clock::now();
-    auto loaded = hyper_ac::load_graph(read_file(graph_path), load_options);
+    auto loaded = hyper_ac::load_graph_file(graph_path, load_options);
     const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     if (config_path.empty()) {
       if (timings)

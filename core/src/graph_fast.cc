@@ -498,11 +498,17 @@ class FastLoader {
 }  // namespace
 
 bool load_fast(const std::string& json_text, const LoadOptions& options, LoadResult& result) {
-  // simdjson reads up to SIMDJSON_PADDING bytes past the end: use the string
-  // in place when its capacity allows (the CLI reads files that way), else a
+  // The string's spare capacity is readable padding.
+  return load_fast(std::string_view(json_text), json_text.capacity(), options, result);
+}
+
+bool load_fast(std::string_view json_text, std::size_t readable, const LoadOptions& options, LoadResult& result) {
+  // simdjson reads up to SIMDJSON_PADDING bytes past the end: use the bytes
+  // in place when enough past the end are readable (a string with spare
+  // capacity, a file mapped with a padding tail: load_graph_file), else a
   // padded copy.
   simdjson::padded_string copy;
-  simdjson::padded_string_view view(json_text);
+  simdjson::padded_string_view view(json_text.data(), json_text.size(), std::max(readable, json_text.size()));
   if (view.padding() < simdjson::SIMDJSON_PADDING) {
     copy = simdjson::padded_string(json_text);
     view = simdjson::padded_string_view(copy);

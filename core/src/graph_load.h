@@ -54,6 +54,9 @@ class IdTable {
 // True: `result.graph` holds the document's graph (stats are left to the caller).
 // False: not accepted; `result` is unspecified.
 bool load_fast(const std::string& json_text, const LoadOptions& options, LoadResult& result);
+// The same over bytes the caller keeps alive; `readable` bytes from `text.data()`
+// may be read (the fast path reads up to 64 past the end; less: a padded copy).
+bool load_fast(std::string_view text, std::size_t readable, const LoadOptions& options, LoadResult& result);
 
 // The `model` section given as its JSON text, read by the reference rules.
 // Throws (GraphError or a json_reader error) on anything the reference rejects.

@@ -5,6 +5,8 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <cstdio>
+#include <stdexcept>
 #include <filesystem>
 #include <map>
 #include <random>
@@ -377,4 +379,77 @@ TEST_CASE("a string with spare capacity is read in place, one without is copied:
   CHECK(b.stats.fast_path);
   CHECK(identical(a.graph, b.graph));
   expect_same(text);
+}
+
+namespace {
+
+// `text` written to a fresh file under the system temp directory.
+std::string temp_file(const std::string& name, const std::string& text) {
+  const auto path = std::filesystem::temp_directory_path() / ("hyper_ac_test_" + name);
+  std::FILE* out = std::fopen(path.string().c_str(), "wb");
+  REQUIRE(out != nullptr);
+  REQUIRE(std::fwrite(text.data(), 1, text.size(), out) == text.size());
+  std::fclose(out);
+  return path.string();
+}
+
+// load_graph_file of `text` gives what load_graph gives: the same graph and
+// stats, or the same error message.
+void expect_file_same(const std::string& name, const std::string& text, const LoadOptions& options = {}) {
+  INFO("file " << name << " (" << text.size() << " bytes)");
+  const std::string path = temp_file(name, text);
+  Outcome from_file;
+  try {
+    auto loaded = load_graph_file(path, options);
+    from_file.ok = true;
+    from_file.fast = loaded.stats.fast_path;
+    from_file.graph = std::move(loaded.graph);
+  } catch (const GraphError& error) {
+    from_file.error = error.what();
+  }
+  std::filesystem::remove(path);
+  const Outcome from_text = load(text, options);
+  REQUIRE(from_file.ok == from_text.ok);
+  CHECK(from_file.fast == from_text.fast);
+  if (from_file.ok)
+    CHECK(identical(from_file.graph, from_text.graph));
+  else
+    CHECK(from_file.error == from_text.error);
+}
+
+}  // namespace
+
+// The CLI reads graphs with load_graph_file: the file mapped and read in place
+// with a zero tail as the fast path's padding (graph.h).
+TEST_CASE("load_graph_file reads a file as load_graph reads its bytes", "[graph][load][file]") {
+  const std::string text = data("tiny_mlp.json");
+  expect_file_same("tiny.json", text);
+  expect_file_same("tiny_reference.json", text, reference());
+  for (const auto& [name, doc] : valid_documents()) expect_file_same("valid.json", doc);
+  // A document ending exactly at a page boundary: the padding is the
+  // anonymous pages after the file, not the rest of its last page.
+  for (std::size_t page : {std::size_t{4096}, std::size_t{16384}}) {
+    std::string exact = text;
+    while (!exact.empty() && (exact.back() == '\n' || exact.back() == ' ')) exact.pop_back();
+    const std::size_t size = (exact.size() / page + 1) * page;
+    exact.insert(exact.size() - 1, size - exact.size(), ' ');  // spaces before the closing brace
+    REQUIRE(exact.size() == size);
+    expect_file_same("page.json", exact);
+  }
+  // Errors: the reference loader's message, as through load_graph.
+  expect_file_same("dangling.json", data("bad_dangling.json"));
+  expect_file_same("broken.json", "{not json");
+  expect_file_same("empty.json", "");
+  try {
+    load_graph_file("/nonexistent/hyper_ac/graph.json");
+    FAIL("no error for a missing file");
+  } catch (const std::runtime_error& error) {
+    CHECK(std::string(error.what()) == "cannot open '/nonexistent/hyper_ac/graph.json'");
+  }
+  try {
+    load_graph_file(std::filesystem::temp_directory_path().string());
+    FAIL("no error for a directory");
+  } catch (const std::runtime_error& error) {
+    CHECK(std::string(error.what()).rfind("cannot read '", 0) == 0);
+  }
 }

@@ -161,6 +161,14 @@ struct LoadResult {
 // (docs/graph-format.md, "How loading works").
 LoadResult load_graph(const std::string& json_text, const LoadOptions& options = {});
 
+// load_graph of a file's bytes: the same graph, stats and errors. A regular
+// file is mapped read-only and read in place by the fast path (no copy of
+// the document in memory, nothing zero-filled); anything else (a pipe, an
+// empty file, the reference loader asked for or the fast path declining the
+// bytes) is read into a string for load_graph. Throws std::runtime_error
+// "cannot open 'PATH'" / "cannot read 'PATH'" when the file cannot be read.
+LoadResult load_graph_file(const std::string& path, const LoadOptions& options = {});
+
 // Every field of both graphs equal: nodes (each field; flops bit for bit),
 // interned stacks, model facts and users. What the fast and the reference
 // loader must agree on (tests, fuzz_plan).
