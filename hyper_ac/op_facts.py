@@ -236,13 +236,17 @@ def rng_state_bytes(node: fx.Node) -> int:
 _COPY_TARGETS = frozenset({"aten::clone"})
 
 
+def may_be_exact_copy(target: Any) -> bool:
+    """Whether a node calling ``target`` can be an exact copy at all (:func:`is_exact_copy`'s target test)."""
+    return isinstance(target, torch._ops.OpOverload) and target.name() in _COPY_TARGETS
+
+
 def is_exact_copy(node: fx.Node) -> bool:
     """``node`` returns its one tensor input bit for bit in the same layout (a clone
     whose output has the input's dtype, device, shape and strides, all static), so
     a reader of the copy may read the input instead (the core decides: ``copy``
     in docs/graph-format.md)."""
-    target = node.target
-    if not isinstance(target, torch._ops.OpOverload) or target.name() not in _COPY_TARGETS:
+    if not may_be_exact_copy(node.target):
         return False
     inputs = node.all_input_nodes
     if len(inputs) != 1 or node.args[:1] != (inputs[0],):
