@@ -279,9 +279,18 @@ def _nodes_in(value: Any) -> Iterable[fx.Node]:
 
 
 def _positions(node: fx.Node, facts: OpFacts, arg_indices: tuple[int, ...], pos_of: dict[fx.Node, int]) -> list[int]:
+    if not arg_indices:
+        return []
+    args = node.args
     out: set[int] = set()
     for i in arg_indices:
-        for n in _nodes_in(_arg_value(node, facts, i)):
+        value = args[i] if i < len(args) else _arg_value(node, facts, i)
+        if isinstance(value, fx.Node):  # the common case: one tensor argument
+            p = pos_of.get(value)
+            if p is not None:
+                out.add(p)
+            continue
+        for n in _nodes_in(value):
             p = pos_of.get(n)
             if p is not None:
                 out.add(p)

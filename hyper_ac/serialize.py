@@ -369,7 +369,11 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
         if stack:
             at = stack_by_id.get(id(stack))
             if at is None:
-                key = tuple((fqn, typ) for fqn, typ in stack)
+                key = tuple(stack)  # annotate_joint's stacks hold (fqn, type) tuples
+                try:
+                    hash(key)
+                except TypeError:  # (fqn, type) lists
+                    key = tuple((fqn, typ) for fqn, typ in stack)
                 at = stack_index.get(key)
                 if at is None:
                     at = stack_index[key] = len(stack_table)
@@ -440,6 +444,6 @@ def to_json(gm: fx.GraphModule | fx.Graph, model: nn.Module | None = None, *, in
         else:  # compact(serialize_graph(...)), built in one pass
             doc = _serialize(gm, model, kwargs.pop("unbacked_fallback", UNBACKED_FALLBACK),
                              kwargs.pop("with_flops", True), wire=True, **kwargs)
-        if indent is None:
-            return json.dumps(doc, separators=(",", ":"))
+        if indent is None:  # a fresh tree of dicts and lists: no cycles to check for
+            return json.dumps(doc, separators=(",", ":"), check_circular=False)
         return json.dumps(doc, indent=indent)
