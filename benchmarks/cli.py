@@ -73,6 +73,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--captured-layers", nargs="+", type=int, default=None)
     parser.add_argument("--synthetic-layers", nargs="+", type=int, default=None)
     parser.add_argument("--core-nodes", type=int, default=None)
+    parser.add_argument("--codegen", nargs="+", choices=["lazy", "eager"], default=None,
+                        help="scaling part: GraphModule code generation while timing both sides: lazy (default; "
+                             "deferred to the first call, as inside torch.compile) and/or eager (at construction)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (default 1: stable timings on a shared machine)")
     parser.add_argument("--fx-runner", choices=["boxed", "plain"], default="boxed",
@@ -132,6 +135,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         scaling_opts.synthetic_layers = tuple(args.synthetic_layers)
     if args.core_nodes:
         scaling_opts.core_nodes = args.core_nodes
+    if args.codegen:
+        scaling_opts.codegen = tuple(dict.fromkeys(args.codegen))
     # the references run first so every ratio can be computed
     order = [s for s in ("none", "eager", "torch_mincut", "inductor") if s in strategies]
     strategies = tuple(order + [s for s in strategies if s not in order])

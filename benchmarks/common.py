@@ -221,6 +221,9 @@ class ScalingOptions:
     networkx_limit_seconds: float = 120.0
     repeat: int = 1
     best_of_small: int = 3  # best of n below 20k nodes
+    # GraphModule code generation while timing both sides: "lazy" (deferred, as inside torch.compile),
+    # "eager" (at construction); one row per graph and mode (benchmarks.scaling.CODEGEN_MODES)
+    codegen: Sequence[str] = ("lazy",)
 
 
 

@@ -224,13 +224,16 @@ def render_markdown(meta: dict, step_rows: list[dict], pareto: dict, scaling: li
                 "apart, both ways in the same run: `split: torch` (torch's `_extract_fwd_bwd_modules`, column "
                 "\"partition s\") and `split: native` (the core's split, `hyper_ac.plan(..., split=True)`, built in one "
                 "pass, column \"native split s\"; \"native s\" is serialise + plan + apply + native split, end to end). "
-                "The last two columns are PyTorch's time over hyper_ac's end to end with each split.", ""]
-        header = ["source", "layers", "nodes", "PyTorch s", "hyper_ac s", "serialise s", "core s", "apply s",
+                "The last two columns are PyTorch's time over hyper_ac's end to end with each split. Column "
+                "\"codegen\": both sides timed under `torch.fx._lazy_graph_module._use_lazy_graph_module(True)` "
+                "(`lazy`, as inside `torch.compile`: the new modules generate their Python code at their first call, "
+                "outside the timing) or `(False)` (`eager`: at construction).", ""]
+        header = ["source", "layers", "nodes", "codegen", "PyTorch s", "hyper_ac s", "serialise s", "core s", "apply s",
                   "partition s", "native split s", "native s", "speed-up (serialise+plan+apply)", "speed-up (core)",
                   "speed-up (incl. torch split)", "speed-up (incl. native split)"]
         body = []
         for r in scaling:
-            body.append([r["source"], str(r["layers"]), str(r["nodes"]),
+            body.append([r["source"], str(r["layers"]), str(r["nodes"]), r.get("codegen", "eager"),
                          f"{r['torch_seconds']:.2f}" if r.get("torch_seconds") is not None else r.get("torch_error", "–"),
                          f"{r['hac_seconds']:.2f}" if r.get("hac_seconds") is not None else r.get("hac_error", "–"),
                          *(f"{r[k]:.3f}" if r.get(k) is not None else "–" for k in
@@ -315,7 +318,8 @@ def summarize_targets(scaling: list[dict], core_rows: list[dict], flow_rows: lis
         ok = worst["speedup"] >= 10
         lines.append(f"≥10× faster end to end (serialise + core plan + apply) than PyTorch's partitioner at ≥50k "
                      f"nodes: {'met' if ok else 'NOT met'} — "
-                     + ", ".join(f"{r['speedup']:.1f}× at {r['nodes']:,}" for r in big)
+                     + ", ".join(f"{r['speedup']:.1f}× at {r['nodes']:,} ({r.get('codegen', 'eager')} codegen)"
+                                 for r in big)
                      + "; the core alone: " + ", ".join(f"{r['core_speedup']:.0f}×" for r in big if r.get("core_speedup"))
                      + "; including the forward/backward split: "
                      + ", ".join(f"{r['speedup_with_partition']:.1f}×" for r in big if r.get("speedup_with_partition"))
@@ -452,6 +456,8 @@ def render_plots(out_dir: Path, step_rows: list[dict], pareto: dict, scaling: li
         written.append(path.name)
     if scaling:
         fig, ax = plt.subplots(figsize=(6.5, 4.5))
+        # one codegen mode per plot: the first measured (lazy by default)
+        scaling = [r for r in scaling if r.get("codegen", "eager") == scaling[0].get("codegen", "eager")]
         pts = [r for r in scaling if r.get("torch_seconds") is not None]
         ax.loglog([r["nodes"] for r in pts], [r["torch_seconds"] for r in pts], "o-", label="PyTorch min-cut partitioner")
         pts = [r for r in scaling if r.get("hac_seconds") is not None]

@@ -31,18 +31,36 @@ def _capture_transformer(layers: int, dim: int, seq: int):
         return capture_joint(model, ids, ids)
 
 
-def time_torch_mincut(gm, num_fwd_outputs: int) -> float:
+#: How the timed steps generate the Python code of the GraphModules they build.
+#: ``lazy``: as inside ``torch.compile`` (``torch._dynamo.config.use_lazy_graph_module``, on by
+#: default; dynamo and Inductor's ``compile_fx`` run under ``_use_lazy_graph_module(True)``), code
+#: generation is deferred to the module's first call, which the timing leaves out on both sides.
+#: ``eager``: every new module generates its code when built (plain ``fx.GraphModule``).
+CODEGEN_MODES = ("lazy", "eager")
+
+
+def _codegen(codegen: str):
+    from torch.fx._lazy_graph_module import _use_lazy_graph_module
+
+    if codegen not in CODEGEN_MODES:
+        raise ValueError(f"codegen must be one of {', '.join(CODEGEN_MODES)}, got {codegen!r}")
+    return _use_lazy_graph_module(codegen == "lazy")
+
+
+def time_torch_mincut(gm, num_fwd_outputs: int, codegen: str = "lazy") -> float:
+    """``min_cut_rematerialization_partition`` on a copy of ``gm`` (decide + split), under ``codegen``."""
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     g = copy_graph_module(gm)
-    with _quiet():
+    with _quiet(), _codegen(codegen):
         t0 = time.perf_counter()
         min_cut_rematerialization_partition(g, None, num_fwd_outputs=num_fwd_outputs)
         return time.perf_counter() - t0
 
 
-def time_hyper_ac(gm, num_fwd_outputs: int, mode: str = "auto") -> dict:
+def time_hyper_ac(gm, num_fwd_outputs: int, mode: str = "auto", codegen: str = "lazy") -> dict:
     """hyper_ac end to end on an annotated joint graph: serialise, core plan, apply, split; both splits.
+    Every step under ``codegen`` (:data:`CODEGEN_MODES`), as :func:`time_torch_mincut`.
 
     ``split: torch`` (``hac_*``): plan, apply, then ``partition_joint`` with PyTorch's
     ``_extract_fwd_bwd_modules``. ``split: native`` (``hac_native_*``): the plan with the core's
@@ -55,7 +73,7 @@ def time_hyper_ac(gm, num_fwd_outputs: int, mode: str = "auto") -> dict:
 
     config = hac_config(mode)
     g = copy_graph_module(gm)
-    with _quiet():
+    with _quiet(), _codegen(codegen):
         t0 = time.perf_counter()
         result = hyper_ac.plan(g, config)
         t2 = time.perf_counter()
@@ -67,7 +85,7 @@ def time_hyper_ac(gm, num_fwd_outputs: int, mode: str = "auto") -> dict:
         t4 = time.perf_counter()
     del g
     g = copy_graph_module(gm)
-    with _quiet():
+    with _quiet(), _codegen(codegen):
         n0 = time.perf_counter()
         native = hyper_ac.plan(g, config, split=True)
         n2 = time.perf_counter()
@@ -80,7 +98,7 @@ def time_hyper_ac(gm, num_fwd_outputs: int, mode: str = "auto") -> dict:
             "hac_partition_seconds": t4 - t3, "hac_seconds": t3 - t0, "hac_with_partition_seconds": t4 - t0,
             "hac_native_core_seconds": native.plan_seconds, "hac_native_split_seconds": n4 - n3,
             "hac_native_seconds": n4 - n0,
-            "hac_mode": mode,
+            "hac_mode": mode, "codegen": codegen,
             "hac_duplicated": plan.get("stats", {}).get("nodes_duplicated")}
 
 
@@ -113,12 +131,14 @@ def run_scaling(opts: ScalingOptions, log: Callable[[str], None]) -> tuple[list[
         graphs.append(("synthetic", layers, gm, template.num_fwd_outputs))
 
     rows: list[dict] = []
-    torch_too_slow = False
-    for source, layers, gm, nfo in _progress(graphs, desc="plan-time", unit="graph"):
-        row: dict = {"source": source, "layers": layers, "nodes": len(gm.graph.nodes)}
+    torch_too_slow = {codegen: False for codegen in opts.codegen}
+    notes["codegen"] = list(opts.codegen)
+    cases = [(g, codegen) for g in graphs for codegen in opts.codegen]
+    for (source, layers, gm, nfo), codegen in _progress(cases, desc="plan-time", unit="graph"):
+        row: dict = {"source": source, "layers": layers, "nodes": len(gm.graph.nodes), "codegen": codegen}
         for mode in ("auto", "selective"):
             try:
-                runs = [time_hyper_ac(gm, nfo, mode) for _ in range(_repeats(opts, row["nodes"]))]
+                runs = [time_hyper_ac(gm, nfo, mode, codegen) for _ in range(_repeats(opts, row["nodes"]))]
                 best = dict(runs[0])
                 for key in runs[0]:
                     if key.endswith("_seconds"):
@@ -128,12 +148,13 @@ def run_scaling(opts: ScalingOptions, log: Callable[[str], None]) -> tuple[list[
             except Exception as exc:
                 row["hac_error"] = f"{mode}: {_first_line(exc)}"
                 log(f"  hyper_ac {mode} on {row['nodes']} nodes: {row['hac_error']}")
-        if torch_too_slow:
+        if torch_too_slow[codegen]:
             row["torch_error"] = f"skipped (an earlier size took > {opts.torch_limit_seconds:.0f} s)"
         else:
             try:
-                row["torch_seconds"] = min(time_torch_mincut(gm, nfo) for _ in range(_repeats(opts, row["nodes"])))
-                torch_too_slow = row["torch_seconds"] > opts.torch_limit_seconds
+                row["torch_seconds"] = min(time_torch_mincut(gm, nfo, codegen)
+                                           for _ in range(_repeats(opts, row["nodes"])))
+                torch_too_slow[codegen] = row["torch_seconds"] > opts.torch_limit_seconds
             except Exception as exc:
                 row["torch_error"] = _first_line(exc)
                 log(f"  torch min-cut on {row['nodes']} nodes: {row['torch_error']}")
@@ -141,7 +162,7 @@ def run_scaling(opts: ScalingOptions, log: Callable[[str], None]) -> tuple[list[
         row["speedup_with_partition"] = _ratio(row.get("torch_seconds"), row.get("hac_with_partition_seconds"))
         row["speedup_native_split"] = _ratio(row.get("torch_seconds"), row.get("hac_native_seconds"))
         row["core_speedup"] = _ratio(row.get("torch_seconds"), row.get("hac_core_seconds"))
-        log(f"  {row['nodes']:>7} nodes: torch {row.get('torch_seconds', float('nan')):.2f} s, "
+        log(f"  {row['nodes']:>7} nodes, {codegen} codegen: torch {row.get('torch_seconds', float('nan')):.2f} s, "
             f"hyper_ac {row.get('hac_seconds', float('nan')):.2f} s (core {row.get('hac_core_seconds', float('nan')):.3f} s); "
             f"incl. split: torch's {row.get('hac_with_partition_seconds', float('nan')):.2f} s "
             f"({row.get('speedup_with_partition') or float('nan'):.1f}x), native "

@@ -16,6 +16,7 @@ import torch
 from torch import fx
 from torch.utils.checkpoint import CheckpointPolicy
 
+from hyper_ac._fx import copy_node
 from hyper_ac._gc import paused_gc
 
 __all__ = ["apply_elided_copies", "apply_plan"]
@@ -47,6 +48,7 @@ def apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], *, tag_only: bool = 
 
 def _apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], tag_only: bool, recompile: bool) -> fx.GraphModule:
     graph = gm.graph
+    map_arg = fx.node.map_arg
     by_name = {node.name: node for node in graph.nodes}
 
     def node_named(name: str, what: str) -> fx.Node:
@@ -79,14 +81,14 @@ def _apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], tag_only: bool, rec
         def remap(arg: fx.Node, private: dict = private) -> fx.Node:
             return private.get(arg) or duplicate_of.get(arg, arg)
 
-        with graph.inserting_before(before):
-            copy = graph.node_copy(original, remap)
-        copy.meta = dict(original.meta)
-        copy.meta.pop("recompute", None)  # a second pass must not take a duplicate for a candidate
-        copy.meta["autograd_backward"] = True
-        copy.meta["ac_recomputed"] = True
-        copy.meta["ac_recomputed_from"] = original.name
-        copy.meta["ac_duplicate"] = index  # its index in the plan's duplicates (the split names it so)
+        copy = copy_node(graph, original, map_arg(original.args, remap), map_arg(original.kwargs, remap),
+                         before=before)
+        meta = copy.meta
+        meta.pop("recompute", None)  # a second pass must not take a duplicate for a candidate
+        meta["autograd_backward"] = True
+        meta["ac_recomputed"] = True
+        meta["ac_recomputed_from"] = original.name
+        meta["ac_duplicate"] = index  # its index in the plan's duplicates (the split names it so)
         duplicate_of[original] = copy
         copies.append(copy)
 

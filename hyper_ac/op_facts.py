@@ -236,13 +236,17 @@ def rng_state_bytes(node: fx.Node) -> int:
 _COPY_TARGETS = frozenset({"aten::clone"})
 
 
+def may_be_exact_copy(target: Any) -> bool:
+    """Whether a node calling ``target`` can be an exact copy at all (:func:`is_exact_copy`'s target test)."""
+    return isinstance(target, torch._ops.OpOverload) and target.name() in _COPY_TARGETS
+
+
 def is_exact_copy(node: fx.Node) -> bool:
     """``node`` returns its one tensor input bit for bit in the same layout (a clone
     whose output has the input's dtype, device, shape and strides, all static), so
     a reader of the copy may read the input instead (the core decides: ``copy``
     in docs/graph-format.md)."""
-    target = node.target
-    if not isinstance(target, torch._ops.OpOverload) or target.name() not in _COPY_TARGETS:
+    if not may_be_exact_copy(node.target):
         return False
     inputs = node.all_input_nodes
     if len(inputs) != 1 or node.args[:1] != (inputs[0],):
@@ -275,9 +279,18 @@ def _nodes_in(value: Any) -> Iterable[fx.Node]:
 
 
 def _positions(node: fx.Node, facts: OpFacts, arg_indices: tuple[int, ...], pos_of: dict[fx.Node, int]) -> list[int]:
+    if not arg_indices:
+        return []
+    args = node.args
     out: set[int] = set()
     for i in arg_indices:
-        for n in _nodes_in(_arg_value(node, facts, i)):
+        value = args[i] if i < len(args) else _arg_value(node, facts, i)
+        if isinstance(value, fx.Node):  # the common case: one tensor argument
+            p = pos_of.get(value)
+            if p is not None:
+                out.add(p)
+            continue
+        for n in _nodes_in(value):
             p = pos_of.get(n)
             if p is not None:
                 out.add(p)

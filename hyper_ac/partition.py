@@ -22,6 +22,7 @@ import torch
 from torch import fx
 from torch._functorch import partitioners as _partitioners
 
+from hyper_ac._fx import copy_node
 from hyper_ac._gc import paused_gc
 
 __all__ = ["saved_values", "partition_joint", "build_modules"]
@@ -224,8 +225,8 @@ def _build_modules(joint_module: fx.GraphModule, split: Mapping[str, Any],
         new.meta = node.meta
         env_b[node] = new
 
-    fwd_copy, bwd_copy = fwd.node_copy, bwd.node_copy
     get_f, get_b = env_f.__getitem__, env_b.__getitem__
+    map_arg = fx.node.map_arg
     for node in graph.nodes:
         op = node.op
         if op == "placeholder" or op == "output":
@@ -250,14 +251,14 @@ def _build_modules(joint_module: fx.GraphModule, split: Mapping[str, Any],
                 raise ValueError(f"node '{name}' of the rewritten graph is in neither module of the core's split "
                                  "(was the graph changed after apply_plan?)")
         if where == "forward":
-            new = env_f[node] = fwd_copy(node, get_f)
+            new = env_f[node] = copy_node(fwd, node, map_arg(node.args, get_f), map_arg(node.kwargs, get_f))
             placeholder = from_forward.get(name)
             if placeholder is not None:
                 placeholder.meta = meta
                 env_b[node] = placeholder
                 saved_in_forward[name] = new
         else:
-            env_b[node] = bwd_copy(node, get_b)
+            env_b[node] = copy_node(bwd, node, map_arg(node.args, get_b), map_arg(node.kwargs, get_b))
     missing = [name for name in from_forward if name not in saved_in_forward]
     if missing:
         raise ValueError(f"the core's split saves {missing[:5]}, which the rewritten graph's forward does not compute")

@@ -28,14 +28,15 @@ import json
 import operator
 from typing import Any
 
+import torch
 import torch.fx as fx
 import torch.nn as nn
 
 from hyper_ac import _core
 from hyper_ac._gc import paused_gc
 from hyper_ac.annotate import phase_of
-from hyper_ac.op_facts import (_PY_SYM_TYPES, _flops, _output_facts, _positions, is_exact_copy, op_facts, rng_state_bytes,
-                               target_name)
+from hyper_ac.op_facts import (_PY_SYM_TYPES, _flops, _output_facts, _positions, is_exact_copy, may_be_exact_copy,
+                               op_facts, rng_state_bytes, target_name)
 
 __all__ = [
     "FORMAT",
@@ -199,7 +200,13 @@ def _input_mutation_descs(graph: fx.Graph) -> list:
 def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_fallback: int,
                with_flops: bool, wire: bool = False) -> dict:
     """The graph document; ``wire``: straight in :func:`compact`'s form (the same
-    dict, key for key and in the same order, without building the full one first)."""
+    dict, key for key and in the same order, without building the full one first).
+
+    Linear in the graph, with as little Python per node as possible: the facts
+    of a target (its name, schema facts, whether it may be an exact copy) are
+    looked up once per target, an output fact once per (shape, dtype) and a
+    module stack once per stack; the wire form, dumped at once, shares those
+    objects between nodes (the full form gets its own copies)."""
     graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
     owner = gm if isinstance(gm, fx.GraphModule) else getattr(graph, "owning_module", None)
     ids: dict[fx.Node, int] = {}
@@ -207,8 +214,15 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
     out_nodes: list[dict] = []
     stack_table: list[list[dict]] = []  # wire: the interned module stacks
     stack_index: dict[tuple, int] = {}
+    stack_by_id: dict[int, int] = {}  # id(meta["ac_module_stack"]) -> its index (the lists outlive the loop)
+    # id(target) -> (target name, OpFacts or None for getitem, may be an exact copy); targets outlive the loop
+    target_facts: dict[int, tuple[str, Any, bool]] = {}
+    # (shape, dtype) -> output facts (static shapes only)
+    fact_cache: dict[tuple, list[dict]] = {}
     mutated_descs = _input_mutation_descs(graph)
     getitem = operator.getitem
+    tensor_type = torch.Tensor
+    sym_types = _PY_SYM_TYPES
     for i, node in enumerate(graph.nodes):
         ids[node] = i
         op = node.op
@@ -220,7 +234,8 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
         meta = node.meta
         inputs = node.all_input_nodes
         input_ids = [ids[n] for n in inputs]
-        is_bwd = phase_of(node, backward_nodes)
+        flag = meta.get("autograd_backward")
+        is_bwd = bool(flag) if flag is not None else phase_of(node, backward_nodes)
         if is_bwd:
             backward_nodes.add(node)
         val = meta.get("val")
@@ -235,21 +250,28 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
             recomputed_from = src.name if isinstance(src, fx.Node) else str(src)
         if op == "call_function":
             target = node.target
-            if target is getitem:
+            known = target_facts.get(id(target))
+            if known is None:
+                if target is getitem:
+                    known = (target_name(node), None, False)
+                else:
+                    known = (target_name(node), op_facts(target), may_be_exact_copy(target))
+                target_facts[id(target)] = known
+            tname, facts, copy_candidate = known
+            if facts is None:  # operator.getitem
                 if inputs:
                     aliased_inputs = [0]  # the producer's element (same storage)
                 extra.append(("fusible", True))
             else:
-                facts = op_facts(target)
                 rng = facts.rng
-                if facts.rng:
+                if rng:
                     state_bytes = rng_state_bytes(node)
                     if state_bytes:
                         extra.append(("rng_state_bytes", state_bytes))
                 collective = facts.collective
                 if facts.fusible:  # written only when true (docs/graph-format.md)
                     extra.append(("fusible", True))
-                if is_exact_copy(node):  # written only when true
+                if copy_candidate and is_exact_copy(node):  # written only when true
                     extra.append(("copy", True))
                 if facts.mutated or facts.aliased:
                     pos_of = {n: p for p, n in enumerate(inputs)}
@@ -258,24 +280,49 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
                     view = facts.view and bool(aliased_inputs)
                 if with_flops and facts.flop_formula is not None:
                     flops = _flops(node, facts, unbacked_fallback)
-        elif op == "get_attr" and owner is not None:
+        else:
+            tname = target_name(node)
+            if op == "get_attr" and owner is not None:
+                try:
+                    attr = owner
+                    for part in str(node.target).split("."):
+                        attr = getattr(attr, part)
+                    subgraph = isinstance(attr, fx.GraphModule)
+                except AttributeError:
+                    pass
+        if op == "output" or val is None:
+            outputs = []
+        elif isinstance(val, tensor_type):
             try:
-                attr = owner
-                for part in str(node.target).split("."):
-                    attr = getattr(attr, part)
-                subgraph = isinstance(attr, fx.GraphModule)
-            except AttributeError:
-                pass
-        outputs = _output_facts(val, unbacked_fallback) if op != "output" else []
-        symint = isinstance(val, _PY_SYM_TYPES)
-        role = _role_of(node)
-        mutated = op == "placeholder" and meta.get("desc") in mutated_descs
-        policy = _policy_name(meta.get("recompute"))
-        graph_id = _graph_id(node)
+                key = (val.shape, val.dtype)
+                outputs = fact_cache.get(key)
+            except TypeError:  # a symbolic size is not hashable
+                key = outputs = None
+            if outputs is None:
+                outputs = _output_facts(val, unbacked_fallback)
+                if key is not None:
+                    fact_cache[key] = outputs
+            if not wire:
+                outputs = [{"bytes": f["bytes"], "dtype": f["dtype"], "shape": list(f["shape"])} for f in outputs]
+        else:
+            outputs = _output_facts(val, unbacked_fallback)
+        symint = isinstance(val, sym_types)
+        if op == "placeholder":
+            role = _role_of(node)
+            mutated = meta.get("desc") in mutated_descs
+        else:
+            role = "activation"
+            mutated = False
+        recompute = meta.get("recompute")
+        if recompute is None:
+            policy = graph_id = None
+        else:
+            policy = _policy_name(recompute)
+            graph_id = _graph_id(node)
         phase = "backward" if is_bwd else "forward"
         if not wire:
             entry: dict[str, Any] = {
-                "id": i, "name": node.name, "kind": op, "target": target_name(node), "inputs": input_ids,
+                "id": i, "name": node.name, "kind": op, "target": tname, "inputs": input_ids,
                 "phase": phase, "outputs": outputs, "flops": flops, "module_stack": _module_stack(node),
                 "rng": rng, "symint": symint, "collective": collective, "view": view,
                 "mutated_inputs": mutated_inputs, "aliased_inputs": aliased_inputs, "role": role,
@@ -286,29 +333,29 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
             out_nodes.append(entry)
             continue
         # compact()'s rules, field by field: defaults left out, the stack interned and last
-        entry = {"id": i, "name": node.name, "kind": op, "target": target_name(node), "inputs": input_ids,
+        entry = {"id": i, "name": node.name, "kind": op, "target": tname, "inputs": input_ids,
                  "phase": phase}
-        if outputs != []:
+        if outputs:
             entry["outputs"] = outputs
         if flops != 0:
             entry["flops"] = flops
-        if rng is not False:
+        if rng:
             entry["rng"] = rng
-        if symint is not False:
+        if symint:
             entry["symint"] = symint
-        if collective is not False:
+        if collective:
             entry["collective"] = collective
-        if view is not False:
+        if view:
             entry["view"] = view
-        if mutated_inputs != []:
+        if mutated_inputs:
             entry["mutated_inputs"] = mutated_inputs
-        if aliased_inputs != []:
+        if aliased_inputs:
             entry["aliased_inputs"] = aliased_inputs
         if role != "activation":
             entry["role"] = role
-        if subgraph is not False:
+        if subgraph:
             entry["subgraph"] = subgraph
-        if mutated is not False:
+        if mutated:
             entry["mutated"] = mutated
         if policy is not None:
             entry["policy"] = policy
@@ -320,11 +367,18 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
             entry[key] = value
         stack = meta.get("ac_module_stack")
         if stack:
-            key = tuple((fqn, typ) for fqn, typ in stack)
-            at = stack_index.get(key)
+            at = stack_by_id.get(id(stack))
             if at is None:
-                at = stack_index[key] = len(stack_table)
-                stack_table.append([{"fqn": fqn, "type": typ} for fqn, typ in stack])
+                key = tuple(stack)  # annotate_joint's stacks hold (fqn, type) tuples
+                try:
+                    hash(key)
+                except TypeError:  # (fqn, type) lists
+                    key = tuple((fqn, typ) for fqn, typ in stack)
+                at = stack_index.get(key)
+                if at is None:
+                    at = stack_index[key] = len(stack_table)
+                    stack_table.append([{"fqn": fqn, "type": typ} for fqn, typ in stack])
+                stack_by_id[id(stack)] = at
             entry["stack"] = at
         out_nodes.append(entry)
     doc: dict[str, Any] = {"format": FORMAT, "version": VERSION}
@@ -390,6 +444,6 @@ def to_json(gm: fx.GraphModule | fx.Graph, model: nn.Module | None = None, *, in
         else:  # compact(serialize_graph(...)), built in one pass
             doc = _serialize(gm, model, kwargs.pop("unbacked_fallback", UNBACKED_FALLBACK),
                              kwargs.pop("with_flops", True), wire=True, **kwargs)
-        if indent is None:
-            return json.dumps(doc, separators=(",", ":"))
+        if indent is None:  # a fresh tree of dicts and lists: no cycles to check for
+            return json.dumps(doc, separators=(",", ":"), check_circular=False)
         return json.dumps(doc, indent=indent)

@@ -81,6 +81,8 @@ def test_quick_scaling_ran(quick_run):
     assert match and match["same_structure"], "replicated layers do not reproduce a captured graph"
     scaling = list(csv.DictReader(open(out / "scaling.csv")))
     assert scaling and all(float(r["nodes"]) > 0 for r in scaling)
+    # both sides timed with lazy module code generation by default, as inside torch.compile
+    assert {r["codegen"] for r in scaling} == {"lazy"} and meta["notes"]["codegen"] == ["lazy"]
 
 
 def test_quick_never_writes_the_committed_results_unless_told(tmp_path):

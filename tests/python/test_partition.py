@@ -228,3 +228,31 @@ def test_plan_split_leaves_the_plan_unchanged():
     assert split["backward_duplicates"] == list(range(len(plan["duplicates"])))
     assert not set(split["forward"]) & set(plan["erase"])
     assert split["stats"]["backward_duplicates"] == len(plan["duplicates"])
+
+
+@pytest.mark.parametrize("split_kind", ["native", "torch"])
+def test_split_honours_lazy_codegen(split_kind):
+    """Under ``_use_lazy_graph_module(True)`` (torch.compile's default) the split's modules defer
+    their code generation to the first call; without it they generate it when built. Both
+    generate the same code."""
+    from torch.fx._lazy_graph_module import _LazyGraphModule, _use_lazy_graph_module
+
+    from hyper_ac.apply import apply_plan
+
+    model = models.build("transformer")
+    cap = capture_joint(model, **models.example_batch("transformer"))
+    built = {}
+    for lazy in (True, False):
+        gm = _twin(cap.graph_module)
+        result = hyper_ac.plan(gm, {"ac_mode": "full"}, split=True)
+        apply_plan(gm, result.plan, recompile=False)
+        with _use_lazy_graph_module(lazy):
+            built[lazy] = partition.partition_joint(gm, None, num_fwd_outputs=cap.num_fwd_outputs,
+                                                    split=result.split if split_kind == "native" else None)
+    for module in built[True]:
+        assert isinstance(module, _LazyGraphModule) and module._needs_recompile()
+    for module in built[False]:
+        assert not isinstance(module, _LazyGraphModule)
+    for lazy_module, eager_module in zip(built[True], built[False]):
+        assert lazy_module.code == eager_module.code  # generated now, on first access
+        assert not lazy_module._needs_recompile()

@@ -378,3 +378,19 @@ def test_pass_and_backend_apis():
     assert torch.equal(gm.forward(args), torch.ones(2)) and args == []  # the boxed code clears its inputs
     assert callable(compile_fx_inner) and "is_backward" in _CompileFxKwargs.__annotations__
     assert isinstance(select_decomp_table(), dict)
+
+
+def test_graph_internals_copy_node_uses():
+    """hyper_ac._fx.copy_node builds nodes as create_node does, from these internals."""
+    from torch.fx._lazy_graph_module import _LazyGraphModule, _make_graph_module, _use_lazy_graph_module
+
+    from hyper_ac import _fx
+
+    assert _fx.internals_present(), "fx.Graph internals changed: copy_node falls back to create_node"
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    assert callable(graph._graph_namespace.create_name) and callable(graph._graph_namespace.associate_name_with_obj)
+    assert callable(graph._find_nodes_lookup_table.insert) and graph._len == 1
+    assert x.meta == {} and callable(x._prepend)
+    with _use_lazy_graph_module(True):
+        assert isinstance(_make_graph_module(torch.nn.Module(), graph), _LazyGraphModule)
