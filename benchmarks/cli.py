@@ -69,6 +69,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--seq", type=int, default=None)
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None, help="timed steps per cell (median)")
+    parser.add_argument("--paired-rounds", type=int, default=10,
+                        help="inductor_* cells: rounds of interleaved stock/strategy steps for the step-time ratio "
+                             "(median of per-round ratios); 0 reports the ratio of sequential medians")
     parser.add_argument("--parts", nargs="+", default=["step", "scaling"], choices=["step", "scaling"])
     parser.add_argument("--captured-layers", nargs="+", type=int, default=None)
     parser.add_argument("--synthetic-layers", nargs="+", type=int, default=None)
@@ -82,7 +85,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                         help="compiled strategies run their modules as boxed FX code that frees inputs at last use "
                              "(default, like Inductor) or as the backend's own runner (plain)")
     parser.add_argument("--no-plots", action="store_true")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.paired_rounds < 0:
+        parser.error(f"--paired-rounds must be >= 0, got {args.paired_rounds}")
+    return args
 
 
 def output_dir(args: argparse.Namespace) -> Path:
@@ -150,7 +156,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     pareto: dict = {}
     if "step" in args.parts:
         log(f"step benchmark: {len(models)} model(s) x {len(strategies)} strategies, {spec}")
-        step_rows, extras = run_step_benchmark(models, strategies, StepOptions(spec, timed_steps=args.steps or timed, runner=args.fx_runner), log)
+        step_opts = StepOptions(spec, timed_steps=args.steps or timed, runner=args.fx_runner,
+                                paired_rounds=args.paired_rounds)
+        step_rows, extras = run_step_benchmark(models, strategies, step_opts, log)
         pareto = run_pareto(extras, log)
         del extras
         gc.collect()

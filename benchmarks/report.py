@@ -25,6 +25,8 @@ STEP_COLUMNS = [
     "joint_run_error", "hac_lambda",
     "hac_budget_bytes", "hac_budget_met", "hac_warnings", "wall_seconds", "grads_allclose",
     "peak_bytes_vs_inductor", "step_seconds_vs_inductor", "peak_bytes_vs_ckpt_aot_eager", "step_seconds_vs_ckpt_aot_eager",
+    "paired_rounds", "paired_step_seconds", "paired_stock_step_seconds", "paired_step_ratio", "paired_step_ratio_q1",
+    "paired_step_ratio_q3", "step_ratio_vs_inductor", "step_ratio_method",
 ]
 
 
@@ -66,6 +68,22 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def step_ratio_cell(row: dict) -> str:
+    """The ×stock step-time cell of an Inductor row: the paired figure (median of per-round
+    ratios, [quartiles]) when the interleaved timing ran, else the ratio of the two
+    sequential medians marked as such."""
+    ratio, method = row.get("step_ratio_vs_inductor"), row.get("step_ratio_method")
+    if ratio is None:
+        return "–"
+    if method == "paired":
+        q1, q3 = row.get("paired_step_ratio_q1"), row.get("paired_step_ratio_q3")
+        spread = "" if q1 is None or q3 is None else f" [{q1:.2f}–{q3:.2f}]"
+        return f"{ratio:.2f}×{spread} (paired, {row.get('paired_rounds')} rounds)"
+    if method == "sequential":
+        return f"{ratio:.2f}× (sequential)"
+    return _x(ratio)
 
 
 def _known(value: int):
@@ -116,20 +134,27 @@ def render_markdown(meta: dict, step_rows: list[dict], pareto: dict, scaling: li
                     "`inductor`: stock `torch.compile` (Inductor, its own partitioner); `inductor_<mode>`: "
                     "`hyper_ac.backend(config with compiler: inductor, compiler=\"inductor\")`. `ckpt_*`: the model's "
                     "own per-layer `torch.utils.checkpoint(use_reentrant=False)`, under stock `aot_eager` or "
-                    "`hyper_ac.backend` (eager compiler). ×stock: ratio to `inductor` / `ckpt_aot_eager`. Gradients: "
+                    "`hyper_ac.backend` (eager compiler). ×stock: ratio to `inductor` / `ckpt_aot_eager`. Step time of an "
+                    "`inductor_*` row: paired with stock, one stock and one strategy step per round, interleaved "
+                    "(order alternating) after warm-up; step ms and stock step ms are the medians over those rounds, "
+                    "×stock step the median of the per-round ratios [first–third quartile]; `(sequential)` marks the "
+                    "ratio of two separately timed medians (`paired_rounds` 0). Gradients: "
                     "`allclose` (rtol 1e-4, atol 1e-5) to the reference (`inductor`: fusion changes rounding; `ckpt_*`: `none`).",
                     ""]
-            header = ["model", "strategy", "peak MiB", "×stock", "step ms (median)", "×stock", "dups", "grads allclose"]
+            header = ["model", "strategy", "peak MiB", "×stock", "step ms (median)", "stock step ms (paired)",
+                      "×stock step", "dups", "grads allclose"]
             body = []
             for r in stock:
                 if r.get("status") != "ok":
-                    body.append([r["model"], r["strategy"], f"error: {r.get('error', '')}".replace("|", "\\|")] + [""] * 5)
+                    body.append([r["model"], r["strategy"], f"error: {r.get('error', '')}".replace("|", "\\|")] + [""] * 6)
                     continue
                 ck = r["strategy"] in CKPT
+                paired = r.get("step_ratio_method") == "paired"
                 body.append([r["model"], r["strategy"], _mib(r.get("peak_bytes")),
                              _x(r.get("peak_bytes_vs_ckpt_aot_eager" if ck else "peak_bytes_vs_inductor")),
-                             _ms(r.get("step_seconds")),
-                             _x(r.get("step_seconds_vs_ckpt_aot_eager" if ck else "step_seconds_vs_inductor")),
+                             _ms(r.get("paired_step_seconds") if paired else r.get("step_seconds")),
+                             _ms(r.get("paired_stock_step_seconds")) if paired else "–",
+                             _x(r.get("step_seconds_vs_ckpt_aot_eager")) if ck else step_ratio_cell(r),
                              str(r.get("hac_nodes_duplicated", "–")), _yn(r.get("grads_allclose"))])
             out += [_md_table(header, body), ""]
 

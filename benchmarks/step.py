@@ -27,6 +27,54 @@ class StepOptions:
     spec: ModelSpec
     timed_steps: int = 3
     runner: str = "boxed"  # how compiled strategies run their fw/bw modules: "boxed" or "plain" (see hyper_ac.backends.boxed_fx_compiler)
+    paired_rounds: int = 10  # inductor_* cells: rounds of interleaved stock/strategy steps (0: sequential ratio only)
+
+
+def _quantile(xs: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile (q in [0, 1]) of a non-empty sequence."""
+    ys = sorted(xs)
+    pos = q * (len(ys) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ys) - 1)
+    return ys[lo] + (ys[hi] - ys[lo]) * (pos - lo)
+
+
+def paired_summary(stock_seconds: Sequence[float], strategy_seconds: Sequence[float]) -> dict:
+    """The paired step-time figures from interleaved rounds (one stock and one strategy step each).
+
+    The ratio is taken per round (strategy / stock of the same round), so a
+    slow spell of a shared machine that hits both steps of a round cancels;
+    the reported ratio is the median of those per-round ratios, with its
+    quartiles as the spread. Also the median of each side's times.
+    """
+    if len(stock_seconds) != len(strategy_seconds):
+        raise ValueError(f"paired_summary: {len(stock_seconds)} stock times but {len(strategy_seconds)} strategy times")
+    if not stock_seconds:
+        return {}
+    if any(t <= 0 for t in stock_seconds):
+        raise ValueError("paired_summary: a stock step time is not positive")
+    ratios = [b / a for a, b in zip(stock_seconds, strategy_seconds)]
+    return {
+        "paired_rounds": len(ratios),
+        "paired_step_seconds": _median(strategy_seconds),
+        "paired_stock_step_seconds": _median(stock_seconds),
+        "paired_step_ratio": _median(ratios),
+        "paired_step_ratio_q1": _quantile(ratios, 0.25),
+        "paired_step_ratio_q3": _quantile(ratios, 0.75),
+    }
+
+
+def paired_times(stock_step: Callable[[], Any], step: Callable[[], Any], rounds: int) -> tuple[list, list]:
+    """Time ``rounds`` interleaved rounds, one stock and one strategy step each, the
+    order alternating (ABBA...) so neither side always runs on the other's warm cache."""
+    stock, strat = [], []
+    for i in range(rounds):
+        pair = ((stock_step, stock), (step, strat))
+        for fn, out in (pair if i % 2 == 0 else pair[::-1]):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+    return stock, strat
 
 
 def _grads(model: Any) -> list:
@@ -131,6 +179,10 @@ def run_strategy(name: str, strategy: str, opts: StepOptions) -> tuple[dict, Opt
         row["step_seconds"] = _median(times)
         row["step_seconds_min"] = min(times) if times else None
 
+        # inductor_*: step time against stock torch.compile, interleaved step by step
+        if strategy in INDUCTOR and strategy != "inductor" and opts.paired_rounds > 0:
+            row.update(_paired_with_stock(name, opts, model, step))
+
         # FLOPs
         if probe.partitions == 0 and strategy not in EAGER:
             pass  # not instrumented (Inductor, the checkpointed-model rows): no graph FLOPs
@@ -176,6 +228,33 @@ def run_strategy(name: str, strategy: str, opts: StepOptions) -> tuple[dict, Opt
         if warnings_:
             row["hac_warnings"] = " | ".join(warnings_)[:300]
     return row, (loss, grads, probe, model)
+
+
+def _paired_with_stock(name: str, opts: StepOptions, model: Any, step: Callable[[], Any]) -> dict:
+    """Stock ``torch.compile`` of a fresh copy of the model beside the strategy's step,
+    warmed up, then :func:`paired_times` over ``opts.paired_rounds`` rounds."""
+    import torch
+
+    stock_model = build_model(name, opts.spec)
+    stock_batch = build_batch(name, opts.spec)
+    stock_fn = torch.compile(stock_model, fullgraph=True)
+
+    def stock_step() -> None:
+        _clear_grads(stock_model)
+        out = stock_fn(**stock_batch)
+        _loss_of(out).backward()
+        del out
+
+    def strategy_step() -> None:
+        _clear_grads(model)
+        step()
+
+    for _ in range(2):  # compile, then one step each with warm caches
+        stock_step()
+        strategy_step()
+    stock, strat = paired_times(stock_step, strategy_step, opts.paired_rounds)
+    _clear_grads(model)
+    return paired_summary(stock, strat)
 
 
 def run_step_benchmark(models: Sequence[str], strategies: Sequence[str], opts: StepOptions,
@@ -224,6 +303,14 @@ def _add_ratios(rows: list[dict]) -> None:
         if inductor is not None and r["strategy"] in INDUCTOR:
             for key in ("peak_bytes", "step_seconds"):
                 r[f"{key}_vs_inductor"] = _ratio(r.get(key), inductor.get(key))
+        if r["strategy"] in INDUCTOR:
+            # The paired figure (interleaved rounds) when it ran, else the ratio of two sequential medians.
+            if r.get("paired_step_ratio") is not None:
+                r["step_ratio_vs_inductor"], r["step_ratio_method"] = r["paired_step_ratio"], "paired"
+            elif r["strategy"] == "inductor":
+                r["step_ratio_vs_inductor"], r["step_ratio_method"] = 1.0, "reference"
+            elif r.get("step_seconds_vs_inductor") is not None:
+                r["step_ratio_vs_inductor"], r["step_ratio_method"] = r["step_seconds_vs_inductor"], "sequential"
         ckpt = by_key.get((r["model"], "ckpt_aot_eager"))
         if ckpt is not None and r["strategy"].startswith("ckpt_"):
             for key in ("peak_bytes", "step_seconds"):

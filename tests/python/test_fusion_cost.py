@@ -90,3 +90,17 @@ def test_inductor_cost_recomputes_norm_and_softmax_chains_and_keeps_mm(decompose
         n.pop("fusible", None)
     assert json.loads(_core.plan(json.dumps(stripped), load_config(
         {"ac_mode": "auto", "ac_hardware": "cpu"}).to_json(), op_policy_json()))["duplicates"] == eager["duplicates"]
+
+
+def test_inductor_auto_plans_no_higher_than_selective(decomposed):
+    """What the core controls of "auto's peak <= selective's under Inductor": the plan's simulated peak and
+    saved bytes, at no more recompute time. (A measured gap on top of equal plans is Inductor's buffer reuse,
+    docs/mincut.md "Limits".)"""
+    def plan(mode):
+        cfg = {"ac_mode": mode, "ac_hardware": "cpu", "ac_compiler": "inductor"}
+        return json.loads(_core.plan(decomposed, load_config(cfg).to_json(), op_policy_json()))["stats"]
+
+    auto, selective = plan("auto"), plan("selective")
+    assert auto["simulated_peak_after"] <= selective["simulated_peak_after"]
+    assert auto["saved_bytes_after"] <= selective["saved_bytes_after"]
+    assert auto["recompute_seconds"] <= selective["recompute_seconds"]
