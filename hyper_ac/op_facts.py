@@ -133,6 +133,26 @@ def _flop_registry() -> dict:
     return flop_registry
 
 
+def _grouped_mm_flops(a_shape, b_shape, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    """Grouped matmul: each row of ``a`` meets one group's matrix, so 2 · numel(a) · N
+    (N = the output's last dimension) in every layout of ``torch._grouped_mm``
+    (2D×3D, 3D×3D, 3D×2D, and 2D×2D with groups along K)."""
+    numel = 1
+    for size in a_shape:
+        numel *= size
+    return 2 * numel * out_shape[-1]
+
+
+def _own_flop_formulas() -> dict:
+    """FLOP formulas for ops ``torch.utils.flop_counter`` has none for, by ``ns::name``:
+    without one the core prices a replay by bytes only (its ``compute_unknown``
+    diagnostic), which makes a grouped expert matmul look nearly free to replay."""
+    from torch.utils.flop_counter import shape_wrapper
+
+    grouped = shape_wrapper(_grouped_mm_flops)
+    return {"aten::_grouped_mm": grouped, "transformers::grouped_mm_fallback": grouped}
+
+
 def op_facts(target: Any) -> OpFacts:
     """Schema facts of a call_function target (cached per target)."""
     try:
@@ -147,7 +167,7 @@ def op_facts(target: Any) -> OpFacts:
         facts.collective = target.namespace in COLLECTIVE_NAMESPACES
         packet = f"{target.namespace}::{target._schema.name.split('::')[-1]}"
         fusible = torch.Tag.pointwise in target.tags or packet in FUSIBLE_OPS
-        facts.flop_formula = _flop_registry().get(target.overloadpacket)
+        facts.flop_formula = _flop_registry().get(target.overloadpacket) or _own_flop_formulas().get(packet)
 
         ret_sets: set[str] = set()
         ret_wild = False

@@ -187,6 +187,26 @@ def test_flops_of_matmuls_are_2mnk(captured):
     assert fwd == 2 * 2 * (32 * 64 + 64 * 64 + 64 * 32)
 
 
+def test_grouped_matmul_flops_count_every_row_once(captured):
+    """torch._grouped_mm and transformers' CPU fallback of it carry no torch FLOP
+    formula; without ours auto would price an expert matmul replay by bytes only."""
+    def experts(x, w, offs):
+        return torch._grouped_mm(x, w, offs=offs)
+
+    x, w = torch.randn(6, 16, dtype=torch.bfloat16), torch.randn(3, 16, 8, dtype=torch.bfloat16)
+    offs = torch.tensor([2, 4, 6], dtype=torch.int32)
+    doc = serialize_graph(make_fx(experts)(x, w, offs))
+    (node,) = [n for n in doc["nodes"] if n["target"].startswith("aten::_grouped_mm")]
+    assert node["flops"] == 2 * 6 * 16 * 8  # 6 rows, each (1, 16) @ (16, 8)
+    cap = captured("mixtral")
+    nodes = cap.doc["nodes"]
+    fallback = [n for n in nodes if n["target"] == "transformers::grouped_mm_fallback.default"]
+    assert fallback
+    for node in fallback:
+        rows = math.prod(nodes[node["inputs"][0]]["outputs"][0]["shape"])
+        assert node["flops"] == 2 * rows * node["outputs"][0]["shape"][-1] > 0
+
+
 def test_attention_and_lm_graph_facts(captured):
     doc = captured("llama").doc
     targets = {n["target"] for n in doc["nodes"]}
