@@ -482,7 +482,8 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
   bool already_rematted = false;
   for (std::size_t i = 0; i < index.size() && !already_rematted; ++i)
     already_rematted = index.has(i, detail::NodeIndex::kRecomputedFrom);
-  if (result.remat.duplicates.empty() && !result.scope.regions.empty() && !already_rematted)
+  if (result.remat.duplicates.empty() && !result.scope.regions.empty() && !already_rematted &&
+      !result.stats.stock_fallback)
     result.diagnostics.push_back(
         {Severity::Warning, -1,
          "activation checkpointing matched scope [" + joined(result.scope.regions) +
