@@ -81,11 +81,15 @@ def stock_recomputed(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any) ->
     joint graph, by node name: :func:`stock_partition` run on a copy. A fact the
     core compares ``auto``'s plan with (``PlanOptions::stock_recomputed``,
     docs/mincut.md "Never worse than stock"); nothing is decided here."""
-    import copy
-
     forward = {node.name for node in joint.graph.nodes
                if node.op == "call_function" and node.meta.get("autograd_backward") is False}
-    _, bw = stock_partition(copy.deepcopy(joint), joint_inputs, **kwargs)
+    # A node-by-node copy (same names, shallow meta copies): stock's partition edits the graph and
+    # tags meta; a deepcopy of the module would also copy tensor constants and fake values it cannot.
+    graph = fx.Graph()
+    env: dict = {}
+    for node in joint.graph.nodes:
+        env[node] = graph.node_copy(node, lambda arg: env[arg])
+    _, bw = stock_partition(fx.GraphModule(joint, graph), joint_inputs, **kwargs)
     return sorted({node.name for node in bw.graph.nodes if node.op == "call_function" and node.name in forward})
 
 
