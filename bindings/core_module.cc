@@ -2,6 +2,7 @@
 #include <pybind11/pybind11.h>
 
 #include <chrono>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -80,32 +81,37 @@ PYBIND11_MODULE(_core, m) {
   }, py::arg("table_json"));
 
   m.def("plan", [](const std::string& graph_json, const std::string& config_json, const std::string& op_policy_json,
-                   bool timings, bool timeline) {
+                   bool timings, bool timeline, std::optional<std::vector<std::string>> stock_recomputed) {
     py::gil_scoped_release release;
     const auto started = std::chrono::steady_clock::now();
     auto loaded = load_graph(graph_json);
     const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     PlanOptions options = parse_plan_options(config_json, op_policy_json);
     options.record_timeline = timeline;
+    options.stock_recomputed = std::move(stock_recomputed);
     auto result = plan(loaded.graph, options);
     result.timings.load_seconds = load_seconds;
     return plan_to_json(loaded.graph, result, timings);
   }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = "", py::arg("timings") = false,
-     py::arg("timeline") = false,
+     py::arg("timeline") = false, py::arg("stock_recomputed") = py::none(),
      "Plan save/recompute for a graph; return the plan JSON (with per-stage wall times under 'timings' if asked;\n"
      "without them the plan is byte-identical for the same input). timeline=True adds 'timeline': live activation\n"
-     "bytes per schedule step before/after the rewrite and each schedule's last forward step.");
+     "bytes per schedule step before/after the rewrite and each schedule's last forward step. stock_recomputed:\n"
+     "the forward node names the stock partition recomputes (PlanOptions::stock_recomputed): auto then rewrites\n"
+     "nothing unless its simulated peak is below that plan's.");
 
   m.def("plan_split", [](const std::string& graph_json, const std::string& config_json, const std::string& op_policy_json,
-                         bool timeline) {
+                         bool timeline, std::optional<std::vector<std::string>> stock_recomputed) {
     py::gil_scoped_release release;
     auto loaded = load_graph(graph_json);
     PlanOptions options = parse_plan_options(config_json, op_policy_json);
     options.record_timeline = timeline;
+    options.stock_recomputed = std::move(stock_recomputed);
     auto result = plan(loaded.graph, options);
     auto split = split_joint(loaded.graph, result.remat);
     return std::make_pair(plan_to_json(loaded.graph, result, false), split_to_json(loaded.graph, split));
   }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = "", py::arg("timeline") = false,
+     py::arg("stock_recomputed") = py::none(),
      "(plan JSON, split JSON): the plan exactly as plan() gives it, and the forward/backward split of the rewritten\n"
      "graph (split.h): the nodes each module runs and the values the forward saves, in order (docs/graph-format.md).");
 

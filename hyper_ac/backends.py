@@ -19,7 +19,11 @@ with the same compiler (docs/torch-compat.md):
 Mode ``off``, a graph the mode cannot plan (no units, for ``full`` /
 ``selective``) and a plan that recomputes nothing on a graph without the
 model's own tags are partitioned exactly as stock does it (the same call with
-the same arguments).
+the same arguments). In ``auto`` on a graph without the model's own tags, the
+values stock's partition would recompute (:func:`stock_recomputed`, one extra
+stock partition of a copy) go to the core, which returns a plan that
+recomputes nothing, hence the stock partition, unless its own simulated peak
+is lower (docs/mincut.md, "Never worse than stock").
 """
 
 from __future__ import annotations
@@ -70,6 +74,23 @@ def stock_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any):
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+
+
+def stock_recomputed(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> list:
+    """The forward values stock's partition step recomputes on this (annotated)
+    joint graph, by node name: :func:`stock_partition` run on a copy. A fact the
+    core compares ``auto``'s plan with (``PlanOptions::stock_recomputed``,
+    docs/mincut.md "Never worse than stock"); nothing is decided here."""
+    forward = {node.name for node in joint.graph.nodes
+               if node.op == "call_function" and node.meta.get("autograd_backward") is False}
+    # A node-by-node copy (same names, shallow meta copies): stock's partition edits the graph and
+    # tags meta; a deepcopy of the module would also copy tensor constants and fake values it cannot.
+    graph = fx.Graph()
+    env: dict = {}
+    for node in joint.graph.nodes:
+        env[node] = graph.node_copy(node, lambda arg: env[arg])
+    _, bw = stock_partition(fx.GraphModule(joint, graph), joint_inputs, **kwargs)
+    return sorted({node.name for node in bw.graph.nodes if node.op == "call_function" and node.name in forward})
 
 
 def write_decisions(joint: fx.GraphModule, plan: Any) -> None:
@@ -142,8 +163,11 @@ class _PartitionStep:
         user_tagged = any(node.meta.get("recompute") is not None for node in joint.graph.nodes)
         annotate_joint(joint, num_fwd_outputs, model=self.model, example_inputs=self.current.get("example_inputs"))
         native_split = self.route == "own" and not self.tag_only and self.cfg.split == "native"
+        # auto is never worse than stock: the core compares its plan with stock's on its simulator.
+        baseline = stock_recomputed(joint, joint_inputs, **kwargs) if self.cfg.mode == "auto" and not user_tagged \
+            else None
         try:
-            result = plan(joint, self.cfg, self.model, split=native_split)
+            result = plan(joint, self.cfg, self.model, split=native_split, stock_recomputed=baseline)
         except _core.NoUnitsError as error:
             # With graph breaks, a piece of the step (say, only the loss) may hold
             # no block at all: that piece is partitioned as stock does it.

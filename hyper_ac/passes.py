@@ -16,7 +16,7 @@ import json
 import logging
 import time
 import warnings
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from torch import fx
 
@@ -155,7 +155,8 @@ def _graph_json(graph: Union[fx.GraphModule, str, Mapping[str, Any]], model: Any
 
 
 def plan(graph: Union[fx.GraphModule, str, Mapping[str, Any]], config: Any, model: Any = None, *,
-         timeline: bool = False, split: bool = False) -> PassResult:
+         timeline: bool = False, split: bool = False,
+         stock_recomputed: Optional[Sequence[str]] = None) -> PassResult:
     """The core's plan for a joint graph, without changing it: the one entry
     the pass, the CLI and the benchmark call.
 
@@ -172,11 +173,20 @@ def plan(graph: Union[fx.GraphModule, str, Mapping[str, Any]], config: Any, mode
     of the rewritten graph (``result.split``: the nodes each module runs, the
     saved values in order), what ``partition_joint(..., split=result.split)``
     builds the two modules from; the plan itself is unchanged.
+    ``stock_recomputed``: the forward node names the stock partition
+    recomputes on this graph (:func:`hyper_ac.backends.stock_recomputed`, a
+    fact measured with torch); ``auto`` then rewrites nothing unless its
+    simulated peak is below that plan's (the core decides: docs/mincut.md,
+    "Never worse than stock"). ``None`` (default): no comparison.
     """
     if not isinstance(timeline, bool):
         raise TypeError(f"hyper_ac.plan: timeline must be a bool, got {type(timeline).__name__}")
     if not isinstance(split, bool):
         raise TypeError(f"hyper_ac.plan: split must be a bool, got {type(split).__name__}")
+    if stock_recomputed is not None:
+        if isinstance(stock_recomputed, str) or not all(isinstance(n, str) for n in stock_recomputed):
+            raise TypeError("hyper_ac.plan: stock_recomputed must be a sequence of node names (str) or None")
+        stock_recomputed = list(stock_recomputed)
     cfg = load_config(config)
     with paused_gc():  # large documents both ways (hyper_ac._gc)
         t0 = time.perf_counter()
@@ -185,10 +195,11 @@ def plan(graph: Union[fx.GraphModule, str, Mapping[str, Any]], config: Any, mode
         split_doc = None
         if split:
             plan_text, split_text = _core.plan_split(graph_json, cfg.json_for(model), op_policy_json(),
-                                                     timeline=timeline)
+                                                     timeline=timeline, stock_recomputed=stock_recomputed)
             split_doc = json.loads(split_text)
         else:
-            plan_text = _core.plan(graph_json, cfg.json_for(model), op_policy_json(), timeline=timeline)
+            plan_text = _core.plan(graph_json, cfg.json_for(model), op_policy_json(), timeline=timeline,
+                                   stock_recomputed=stock_recomputed)
         t2 = time.perf_counter()
         return PassResult(cfg.mode, json.loads(plan_text), plan_seconds=t2 - t1, serialize_seconds=t1 - t0,
                           split=split_doc)

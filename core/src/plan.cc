@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <unordered_map>
 #include <variant>
 
 #include <nlohmann/json.hpp>
@@ -338,6 +339,48 @@ TagResult auto_tags(const Graph& graph, const detail::NodeIndex& index, const Pl
   return tags;
 }
 
+// Never worse than stock (docs/mincut.md): the stock partition's recompute set
+// (PlanOptions::stock_recomputed) scored on the same simulator as the plan.
+// auto keeps its own plan only when its simulated peak is strictly lower;
+// otherwise every candidate is saved (no rewrite), and the caller partitions
+// the graph as stock does it. Hard recompute constraints (the model's own
+// tags, a table MUST_RECOMPUTE) are not stock's to drop: no comparison then.
+void compare_with_stock(const Graph& graph, const detail::NodeIndex& index, const std::vector<std::string>& names,
+                        const CostOptions& cost, const RematOptions& schedule, PlanResult& result,
+                        Evaluation& evaluation) {
+  if (result.tags.stats.user_tagged > 0) return;
+  for (Policy policy : result.tags.policies)
+    if (policy == Policy::MustRecompute) return;
+  std::unordered_map<std::string, std::int32_t> by_name;
+  by_name.reserve(graph.nodes.size());
+  for (std::size_t i = 0; i < graph.nodes.size(); ++i) by_name.emplace(graph.nodes[i].name, static_cast<std::int32_t>(i));
+  std::vector<Policy> stock(graph.nodes.size(), Policy::None);
+  for (const auto& name : names) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) continue;  // an exact copy the loader elided: read from its source
+    const Node& node = graph.nodes[static_cast<std::size_t>(it->second)];
+    if (!node.is_forward() || node.kind != NodeKind::CallFunction)
+      throw std::invalid_argument("plan: stock_recomputed names '" + name +
+                                  "', which is not a forward call_function node of the graph");
+    stock[static_cast<std::size_t>(it->second)] = Policy::MustRecompute;
+  }
+  const Evaluation scored = evaluate_indexed(graph, index, stock, cost, schedule);
+  result.stats.stock_simulated_peak = scored.simulated_peak_bytes;
+  if (evaluation.simulated_peak_bytes < scored.simulated_peak_bytes) return;
+  std::vector<Policy> kept = result.tags.policies;
+  for (Policy& policy : kept)
+    if (policy == Policy::PreferRecompute) policy = Policy::PreferSave;
+  const std::int64_t own_peak = evaluation.simulated_peak_bytes;
+  const double lambda = evaluation.lambda;
+  evaluation = evaluate_indexed(graph, index, kept, cost, schedule);
+  evaluation.lambda = lambda;
+  result.stats.stock_fallback = true;
+  result.diagnostics.push_back(
+      {Severity::Info, -1,
+       "auto's plan (simulated peak " + format_bytes(own_peak) + ") is not below the stock partition's (" +
+           format_bytes(scored.simulated_peak_bytes) + "): the graph is left to the stock partition"});
+}
+
 }  // namespace
 
 PlanOptions parse_plan_options(const std::string& config_json, const std::string& op_policy_json) {
@@ -415,6 +458,9 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
     for (const auto& note : cut.diagnostics) result.diagnostics.push_back(note);
     evaluation = evaluate_indexed(graph, index, cut.policies, stages.cost, unit_schedule(result.scope));
     evaluation.lambda = cut.lambda;
+    if (options.stock_recomputed)
+      compare_with_stock(graph, index, *options.stock_recomputed, stages.cost, unit_schedule(result.scope), result,
+                         evaluation);
   } else if (config.mode == Mode::Budget) {
     evaluation = choose_within_budget(graph, index, config, stages, before, result);
   } else {
@@ -448,7 +494,8 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
   bool already_rematted = false;
   for (std::size_t i = 0; i < index.size() && !already_rematted; ++i)
     already_rematted = index.has(i, detail::NodeIndex::kRecomputedFrom);
-  if (result.remat.duplicates.empty() && !result.scope.regions.empty() && !already_rematted)
+  if (result.remat.duplicates.empty() && !result.scope.regions.empty() && !already_rematted &&
+      !result.stats.stock_fallback)
     result.diagnostics.push_back(
         {Severity::Warning, -1,
          "activation checkpointing matched scope [" + joined(result.scope.regions) +
@@ -619,6 +666,10 @@ std::string plan_to_json(const Graph& graph, const PlanResult& result, bool incl
       {"budget_bytes", ps.budget_bytes},
       {"budget_met", ps.budget_met},
   };
+  if (ps.stock_simulated_peak >= 0) {
+    document["stats"]["stock_simulated_peak"] = ps.stock_simulated_peak;
+    document["stats"]["stock_fallback"] = ps.stock_fallback;
+  }
   if (rs.rng_replayed > 0 || ts.rng_replay_candidates > 0) {
     document["stats"]["rng_replayed"] = rs.rng_replayed;
     document["stats"]["rng_state_bytes"] = rs.rng_state_bytes;

@@ -418,3 +418,49 @@ TEST_CASE("auto and budget name the custom ops whose recompute cost lacks FLOPs"
     CHECK_FALSE(compute_unknown(node));
   }
 }
+
+// Never worse than stock (docs/mincut.md): with the stock partition's
+// recompute set, auto keeps its plan only when its simulated peak is strictly
+// lower; otherwise it rewrites nothing.
+TEST_CASE("auto compares its plan with the stock partition's recompute set", "[plan][stock]") {
+  const auto builder = activation_heavy(2);
+  const Graph graph = builder.graph();
+  PlanOptions options;
+  options.config = parse_config(R"({"ac_mode": "auto", "ac_lambda": 1})");  // replay is nearly free
+  options.op_policy = parse_op_policy(kTable);
+
+  const PlanResult own = plan(graph, options);
+  REQUIRE_FALSE(own.remat.duplicates.empty());
+  CHECK(own.stats.stock_simulated_peak == -1);  // no comparison without the fact
+  CHECK(plan_to_json(graph, own).find("stock_simulated_peak") == std::string::npos);
+
+  // Stock recomputes nothing: the original graph's peak, above auto's.
+  options.stock_recomputed = std::vector<std::string>{};
+  const PlanResult beats = plan(graph, options);
+  CHECK(beats.stats.stock_simulated_peak == own.stats.simulated_peak_before);
+  REQUIRE(own.stats.simulated_peak_after < own.stats.simulated_peak_before);
+  CHECK_FALSE(beats.stats.stock_fallback);
+  CHECK(beats.remat.duplicates.size() == own.remat.duplicates.size());
+  CHECK(plan_to_json(graph, beats).find("\"stock_fallback\":false") != std::string::npos);
+
+  // Stock recomputes what auto recomputes: the same peak is not below it, so
+  // auto rewrites nothing (an unknown name, an elided copy, is skipped).
+  std::vector<std::string> same{"elided_copy_that_is_not_here"};
+  for (const auto& dup : own.remat.duplicates) same.push_back(graph.nodes[static_cast<std::size_t>(dup.of)].name);
+  options.stock_recomputed = same;
+  const PlanResult tie = plan(graph, options);
+  CHECK(tie.stats.stock_simulated_peak == own.stats.simulated_peak_after);
+  CHECK(tie.stats.stock_fallback);
+  CHECK(tie.remat.duplicates.empty());
+  CHECK(tie.stats.simulated_peak_after == tie.stats.simulated_peak_before);
+  CHECK(std::any_of(tie.diagnostics.begin(), tie.diagnostics.end(), [](const auto& d) {
+    return d.message.find("not below the stock partition's") != std::string::npos;
+  }));
+
+  // A backward node is no recompute candidate: named, it is an error.
+  options.stock_recomputed = std::vector<std::string>{"g_tanh0"};
+  CHECK_THROWS_WITH(plan(graph, options), Catch::Contains("g_tanh0"));
+  // Other modes make no comparison.
+  options.config = parse_config(R"({"ac_mode": "selective"})");
+  CHECK(plan(graph, options).stats.stock_simulated_peak == -1);
+}

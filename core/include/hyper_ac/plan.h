@@ -2,6 +2,7 @@
 // plan → memory estimate, and the plan's JSON form (docs/graph-format.md).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,16 @@ struct PlanOptions {
   // PlanResult::timeline and the plan JSON's "timeline". Off by default: the
   // default plan JSON does not change.
   bool record_timeline = false;
+  // The forward values the stock partition (PyTorch's
+  // min_cut_rematerialization_partition, called as stock torch.compile calls
+  // it) recomputes on this graph, by node name: a fact the caller measures
+  // with torch. When set, `auto` compares its plan with that one on the
+  // simulator (docs/mincut.md, "Never worse than stock") and returns no
+  // rewrite unless its simulated peak is strictly lower; the graph is then
+  // partitioned as stock does it. Names the graph lacks (exact copies the
+  // loader elided) are skipped. Unset (the default): no comparison, and the
+  // plan JSON does not change.
+  std::optional<std::vector<std::string>> stock_recomputed;
 };
 
 struct PlanStats {
@@ -48,6 +59,12 @@ struct PlanStats {
   // Inputs of excluded nodes that the backward rebuilds (duplicated) instead
   // of keeping them from the forward.
   std::size_t rebuilt_for_exclude = 0;
+  // auto with PlanOptions::stock_recomputed: the simulated peak (resident
+  // values included) of the stock partition's recompute set, and whether the
+  // plan fell back to it (no rewrite) because its own peak was not lower.
+  // -1 when no comparison was made (not written to the plan JSON then).
+  std::int64_t stock_simulated_peak = -1;
+  bool stock_fallback = false;
 };
 
 // Wall time per stage. Not part of the plan JSON unless asked for: plans are
