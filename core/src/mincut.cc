@@ -160,6 +160,13 @@ class Solver {
     const auto x = static_cast<std::size_t>(i);
     return index_.forward(x) && !index_.has(x, detail::NodeIndex::kOutput);
   }
+  // A getitem whose producer is a view (split, chunk, unbind): an alias of the producer's base.
+  bool getitem_of_view(std::size_t i) const {
+    using Flag = detail::NodeIndex::Flag;
+    if (!index_.has(i, Flag::kGetitem) || index_.input_start[i] == index_.input_start[i + 1]) return false;
+    const auto producer = static_cast<std::size_t>(index_.inputs[static_cast<std::size_t>(index_.input_start[i])]);
+    return index_.has(producer, Flag::kView);
+  }
   // Node i's inputs (Node::inputs order), off the compact index.
   template <typename F>
   void for_inputs(std::size_t i, F&& f) const {
@@ -287,6 +294,10 @@ void Solver::classify() {
     if (tag == Policy::MustRecompute)
       never_save_[i] = kTaggedMustRecompute;
     else if (!never_recompute_[i] && index_.has(i, Flag::kView) && !index_.has(i, Flag::kGetitem))
+      never_save_[i] = kView;
+    else if (!never_recompute_[i] && getitem_of_view(i))
+      // An element of split/chunk/unbind shares its base's storage: saving it
+      // would keep the whole base alive at the price of the element's bytes.
       never_save_[i] = kView;
     else if (!never_recompute_[i] && index_.has(i, Flag::kNoOutputs) && !symint)
       never_save_[i] = kNotTensor;

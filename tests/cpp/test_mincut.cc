@@ -387,6 +387,52 @@ TEST_CASE("views are never saved on their own; aliases of parameters are free", 
   }
 }
 
+TEST_CASE("an element of a multi-output view is never saved on its own", "[mincut]") {
+  // qkv = mm(x, w); q, k, v = split(qkv): each getitem shares qkv's storage, so
+  // saving v alone would keep all of qkv alive while the cut charged v's bytes.
+  const std::int64_t N = 1000000;
+  for (Compiler compiler : {Compiler::Eager, Compiler::Inductor}) {
+    Net net;
+    net.input("x", N);
+    net.input("w", 3 * N, Role::Parameter);
+    net.fw("qkv", "aten::mm.default", {"x", "w"}, 3 * N, 1e12);  // expensive to replay
+    net.fw("sp", "aten::split.Tensor", {"qkv"}, N);
+    net.node("sp").view = true;
+    net.node("sp").aliased_inputs = {0};
+    net.node("sp").outputs = {{N, "float32", {N / 4}}, {N, "float32", {N / 4}}, {N, "float32", {N / 4}}};
+    for (const char* name : {"q", "k", "v"}) {
+      net.fw(name, "operator.getitem", {"sp"}, N);
+      net.node(name).aliased_inputs = {0};
+    }
+    net.fw("vc", "aten::clone.default", {"v"}, N);  // a contiguous copy: storage of its own
+    net.fw("o", "aten::mm.default", {"q", "k", "vc"}, N, 1e9);
+    for (const char* name : {"sp", "q", "k", "v", "vc"}) net.node(name).fusible = true;
+    net.tangent("t", N);
+    MinCutOptions options = gpu(2.5e11);
+    options.cost.compiler = compiler;
+    SECTION(std::string("the backward reads the element: its base is saved (") +
+            (compiler == Compiler::Eager ? "eager)" : "inductor)")) {
+      net.bw("g", {"t", "v"});
+      net.output({"o", "g"});
+      Graph g = net.graph();
+      MinCutResult r = solve_min_cut(g, net.tags(Policy::PreferRecompute), options);
+      CHECK(net.names(r.saved) == Names{"qkv"});
+      CHECK(net.names(r.recomputed) == Names{"sp", "v"});
+    }
+    SECTION(std::string("the backward reads the element and a copy of it: the base is saved (") +
+            (compiler == Compiler::Eager ? "eager)" : "inductor)")) {
+      net.view("vt", "vc", N);
+      net.bw("g", {"t", "v", "vt"});
+      net.output({"o", "g"});
+      Graph g = net.graph();
+      // v itself is read too, so qkv is saved; vc is rebuilt from it (cheap) rather than saved.
+      MinCutResult r = solve_min_cut(g, net.tags(Policy::PreferRecompute), options);
+      CHECK(net.names(r.saved) == Names{"qkv"});
+      CHECK(net.names(r.recomputed) == Names{"sp", "v", "vc", "vt"});
+    }
+  }
+}
+
 TEST_CASE("infeasible tags name the chain and the rule pinning each node", "[mincut][errors]") {
   Net net;
   net.input("x", 64);
