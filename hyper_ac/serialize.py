@@ -232,14 +232,14 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
     backward_nodes: set[fx.Node] = set()
     out_nodes: list = []  # dicts; wire: the nodes' JSON texts
     stack_table: list[list[dict]] = []  # wire: the interned module stacks
-    stack_index: dict[tuple, int] = {}
-    # wire: id(meta["ac_module_stack"]) -> its ',"stack":<index>' (the lists outlive the loop)
-    stack_by_id: dict[int, str] = {}
+    stack_text: dict[tuple, str] = {}  # wire: a stack's ((fqn, type), ...) -> its ',"stack":<index>'
     # id(target) -> (target name, its JSON text, OpFacts or None for getitem, may be an exact copy,
     # aliases its first argument only (no writes)); targets outlive the loop
     target_facts: dict[int, tuple[str, str, Any, bool, bool]] = {}
-    # (shape, dtype) -> output facts (static shapes only; wire: their JSON text)
+    # (shape, dtype) -> output facts (static shapes only; wire: their JSON text); the same for
+    # the ((shape, dtype), ...) of a list/tuple value's tensors
     fact_cache: dict[tuple, Any] = {}
+    seq_fact_cache: dict[tuple, Any] = {}
     mutated_descs = _input_mutation_descs(graph)
     getitem = operator.getitem
     node_type = fx.Node
@@ -324,24 +324,28 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
                     pass
         if op == "output" or val is None:
             outputs = [] if not wire else ""
-        elif isinstance(val, tensor_type):
-            try:
+        elif isinstance(val, (tensor_type, list, tuple)):
+            # a tensor's (shape, dtype), or those of a list/tuple's tensors (_output_facts' rule)
+            if isinstance(val, tensor_type):
                 key = (val.shape, val.dtype)
-                outputs = fact_cache.get(key)
+                cache = fact_cache
+            else:
+                key = tuple([(v.shape, v.dtype) for v in val if isinstance(v, tensor_type)])
+                cache = seq_fact_cache
+            try:
+                outputs = cache.get(key)
             except TypeError:  # a symbolic size is not hashable
                 key = outputs = None
             if outputs is None:
                 outputs = _output_facts(val, unbacked_fallback)
                 if wire:
-                    outputs = json.dumps(outputs, separators=(",", ":"))
+                    outputs = json.dumps(outputs, separators=(",", ":")) if outputs else ""
                 if key is not None:
-                    fact_cache[key] = outputs
+                    cache[key] = outputs
             if not wire:
                 outputs = [{"bytes": f["bytes"], "dtype": f["dtype"], "shape": list(f["shape"])} for f in outputs]
-        else:
-            outputs = _output_facts(val, unbacked_fallback)
-            if wire:
-                outputs = json.dumps(outputs, separators=(",", ":")) if outputs else ""
+        else:  # a SymInt, a number, ...: no tensor output
+            outputs = [] if not wire else ""
         symint = isinstance(val, sym_types)
         if op == "placeholder":
             role = _role_of(node)
@@ -404,18 +408,16 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
             text += f',"{key}":' + ("true" if value is True else _json_number(value))
         stack = meta.get("ac_module_stack")
         if stack:
-            at = stack_by_id.get(id(stack))
+            # by value: annotate_joint gives every node its own list of (fqn, type) tuples
+            key = tuple(stack)
+            try:
+                at = stack_text.get(key)
+            except TypeError:  # (fqn, type) lists
+                key = tuple((fqn, typ) for fqn, typ in stack)
+                at = stack_text.get(key)
             if at is None:
-                key = tuple(stack)  # annotate_joint's stacks hold (fqn, type) tuples
-                try:
-                    hash(key)
-                except TypeError:  # (fqn, type) lists
-                    key = tuple((fqn, typ) for fqn, typ in stack)
-                index = stack_index.get(key)
-                if index is None:
-                    index = stack_index[key] = len(stack_table)
-                    stack_table.append([{"fqn": fqn, "type": typ} for fqn, typ in stack])
-                at = stack_by_id[id(stack)] = f',"stack":{index}'
+                at = stack_text[key] = f',"stack":{len(stack_table)}'
+                stack_table.append([{"fqn": fqn, "type": typ} for fqn, typ in stack])
             text += at
         out_nodes.append(text + "}")
     doc: dict[str, Any] = {"format": FORMAT, "version": VERSION}
