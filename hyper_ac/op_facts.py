@@ -277,8 +277,9 @@ def is_exact_copy(node: fx.Node) -> bool:
     if out.dtype != src.dtype or out.device != src.device or out.layout != torch.strided or src.layout != torch.strided:
         return False
     dims = (*out.shape, *out.stride(), *src.shape, *src.stride())
-    if any(isinstance(d, _PY_SYM_TYPES) for d in dims):
-        return False
+    for d in dims:  # a plain loop: this runs for every clone of a large graph
+        if type(d) is not int and isinstance(d, _PY_SYM_TYPES):
+            return False
     return tuple(out.shape) == tuple(src.shape) and tuple(out.stride()) == tuple(src.stride())
 
 
@@ -407,7 +408,11 @@ def _signature(value: Any, fallback: int) -> Any:
     if isinstance(value, fx.Node):
         value = value.meta.get("val")
     if isinstance(value, torch.Tensor):
-        return (_shape(value, fallback), value.dtype)
+        shape = value.shape
+        for s in shape:
+            if type(s) is not int:  # symbolic: the hinted sizes
+                return (_shape(value, fallback), value.dtype)
+        return (shape, value.dtype)  # a torch.Size is a tuple: no copy (_shape's) needed
     if isinstance(value, (list, tuple)):
         return (type(value).__name__,) + tuple([_signature(v, fallback) for v in value])
     if isinstance(value, torch.SymInt):

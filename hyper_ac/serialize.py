@@ -25,6 +25,7 @@ per target, so the cost is linear in the graph).
 from __future__ import annotations
 
 import json
+import math
 import operator
 from typing import Any
 
@@ -197,34 +198,56 @@ def _input_mutation_descs(graph: fx.Graph) -> list:
     return []
 
 
+# json.dumps's own string encoder for its default ``ensure_ascii=True``: the
+# wire text writes every string byte for byte as json.dumps would.
+_json_str = json.encoder.encode_basestring_ascii
+
+
+def _json_number(value: float | int) -> str:
+    """A number as json.dumps writes it (``repr``; non-finite floats spelled its way)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return json.dumps(value)
+    return repr(value)
+
+
+def _json_ints(values: list[int]) -> str:
+    return "[" + ",".join(map(str, values)) + "]"
+
+
 def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_fallback: int,
-               with_flops: bool, wire: bool = False) -> dict:
-    """The graph document; ``wire``: straight in :func:`compact`'s form (the same
-    dict, key for key and in the same order, without building the full one first).
+               with_flops: bool, wire: bool = False) -> dict | str:
+    """The graph document; ``wire``: straight as the JSON text of its :func:`compact`
+    form (``json.dumps(compact(doc), separators=(",", ":"))`` byte for byte),
+    without building the full document or the compact one first.
 
     Linear in the graph, with as little Python per node as possible: the facts
     of a target (its name, schema facts, whether it may be an exact copy) are
     looked up once per target, an output fact once per (shape, dtype) and a
-    module stack once per stack; the wire form, dumped at once, shares those
-    objects between nodes (the full form gets its own copies)."""
+    module stack once per stack; the wire form writes each node's text at once
+    from those, already encoded (dumping a tree of dicts afterwards cost more
+    than building it)."""
     graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
     owner = gm if isinstance(gm, fx.GraphModule) else getattr(graph, "owning_module", None)
-    ids: dict[fx.Node, int] = {}
+    ids: dict[fx.Node, Any] = {}  # node -> its id (wire: as text)
     backward_nodes: set[fx.Node] = set()
-    out_nodes: list[dict] = []
+    out_nodes: list = []  # dicts; wire: the nodes' JSON texts
     stack_table: list[list[dict]] = []  # wire: the interned module stacks
-    stack_index: dict[tuple, int] = {}
-    stack_by_id: dict[int, int] = {}  # id(meta["ac_module_stack"]) -> its index (the lists outlive the loop)
-    # id(target) -> (target name, OpFacts or None for getitem, may be an exact copy); targets outlive the loop
-    target_facts: dict[int, tuple[str, Any, bool]] = {}
-    # (shape, dtype) -> output facts (static shapes only)
-    fact_cache: dict[tuple, list[dict]] = {}
+    stack_text: dict[tuple, str] = {}  # wire: a stack's ((fqn, type), ...) -> its ',"stack":<index>'
+    # id(target) -> (target name, its JSON text, OpFacts or None for getitem, may be an exact copy,
+    # aliases its first argument only (no writes)); targets outlive the loop
+    target_facts: dict[int, tuple[str, str, Any, bool, bool]] = {}
+    # (shape, dtype) -> output facts (static shapes only; wire: their JSON text); the same for
+    # the ((shape, dtype), ...) of a list/tuple value's tensors
+    fact_cache: dict[tuple, Any] = {}
+    seq_fact_cache: dict[tuple, Any] = {}
     mutated_descs = _input_mutation_descs(graph)
     getitem = operator.getitem
+    node_type = fx.Node
     tensor_type = torch.Tensor
     sym_types = _PY_SYM_TYPES
+    json_str = _json_str
     for i, node in enumerate(graph.nodes):
-        ids[node] = i
+        ids[node] = str(i) if wire else i
         op = node.op
         if op not in _KINDS:
             raise ValueError(
@@ -252,12 +275,15 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
             target = node.target
             known = target_facts.get(id(target))
             if known is None:
+                tname = target_name(node)
                 if target is getitem:
-                    known = (target_name(node), None, False)
+                    known = (tname, json_str(tname), None, False, False)
                 else:
-                    known = (target_name(node), op_facts(target), may_be_exact_copy(target))
+                    facts = op_facts(target)
+                    known = (tname, json_str(tname), facts, may_be_exact_copy(target),
+                             not facts.mutated and facts.aliased == (0,))
                 target_facts[id(target)] = known
-            tname, facts, copy_candidate = known
+            tname, tname_text, facts, copy_candidate, aliases_first = known
             if facts is None:  # operator.getitem
                 if inputs:
                     aliased_inputs = [0]  # the producer's element (same storage)
@@ -273,7 +299,12 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
                     extra.append(("fusible", True))
                 if copy_candidate and is_exact_copy(node):  # written only when true
                     extra.append(("copy", True))
-                if facts.mutated or facts.aliased:
+                if aliases_first and node.args and type(node.args[0]) is node_type:
+                    # the common view (view, t, expand, ...): its first argument is a node,
+                    # so the first of all_input_nodes (_positions' answer without its dict)
+                    aliased_inputs = [0]
+                    view = facts.view
+                elif facts.mutated or facts.aliased:
                     pos_of = {n: p for p, n in enumerate(inputs)}
                     mutated_inputs = _positions(node, facts, facts.mutated, pos_of)
                     aliased_inputs = _positions(node, facts, facts.aliased, pos_of)
@@ -282,6 +313,7 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
                     flops = _flops(node, facts, unbacked_fallback)
         else:
             tname = target_name(node)
+            tname_text = json_str(tname) if wire else None
             if op == "get_attr" and owner is not None:
                 try:
                     attr = owner
@@ -291,21 +323,29 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
                 except AttributeError:
                     pass
         if op == "output" or val is None:
-            outputs = []
-        elif isinstance(val, tensor_type):
-            try:
+            outputs = [] if not wire else ""
+        elif isinstance(val, (tensor_type, list, tuple)):
+            # a tensor's (shape, dtype), or those of a list/tuple's tensors (_output_facts' rule)
+            if isinstance(val, tensor_type):
                 key = (val.shape, val.dtype)
-                outputs = fact_cache.get(key)
+                cache = fact_cache
+            else:
+                key = tuple([(v.shape, v.dtype) for v in val if isinstance(v, tensor_type)])
+                cache = seq_fact_cache
+            try:
+                outputs = cache.get(key)
             except TypeError:  # a symbolic size is not hashable
                 key = outputs = None
             if outputs is None:
                 outputs = _output_facts(val, unbacked_fallback)
+                if wire:
+                    outputs = json.dumps(outputs, separators=(",", ":")) if outputs else ""
                 if key is not None:
-                    fact_cache[key] = outputs
+                    cache[key] = outputs
             if not wire:
                 outputs = [{"bytes": f["bytes"], "dtype": f["dtype"], "shape": list(f["shape"])} for f in outputs]
-        else:
-            outputs = _output_facts(val, unbacked_fallback)
+        else:  # a SymInt, a number, ...: no tensor output
+            outputs = [] if not wire else ""
         symint = isinstance(val, sym_types)
         if op == "placeholder":
             role = _role_of(node)
@@ -332,62 +372,65 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
             entry.update(extra)
             out_nodes.append(entry)
             continue
-        # compact()'s rules, field by field: defaults left out, the stack interned and last
-        entry = {"id": i, "name": node.name, "kind": op, "target": tname, "inputs": input_ids,
-                 "phase": phase}
+        # compact()'s rules, field by field and in its key order (defaults left out, the
+        # stack interned and last), written as json.dumps(..., separators=(",", ":")) would
+        text = (f'{{"id":{i},"name":{json_str(node.name)},"kind":"{op}","target":{tname_text},'
+                f'"inputs":[{",".join(input_ids)}],"phase":"{phase}"')
         if outputs:
-            entry["outputs"] = outputs
+            text += ',"outputs":' + outputs
         if flops != 0:
-            entry["flops"] = flops
+            text += ',"flops":' + _json_number(flops)
         if rng:
-            entry["rng"] = rng
+            text += ',"rng":true'
         if symint:
-            entry["symint"] = symint
+            text += ',"symint":true'
         if collective:
-            entry["collective"] = collective
+            text += ',"collective":true'
         if view:
-            entry["view"] = view
+            text += ',"view":true'
         if mutated_inputs:
-            entry["mutated_inputs"] = mutated_inputs
+            text += ',"mutated_inputs":' + _json_ints(mutated_inputs)
         if aliased_inputs:
-            entry["aliased_inputs"] = aliased_inputs
+            text += ',"aliased_inputs":[0]' if aliased_inputs == [0] else ',"aliased_inputs":' + _json_ints(aliased_inputs)
         if role != "activation":
-            entry["role"] = role
+            text += ',"role":' + json.dumps(role)
         if subgraph:
-            entry["subgraph"] = subgraph
+            text += ',"subgraph":true'
         if mutated:
-            entry["mutated"] = mutated
+            text += ',"mutated":true'
         if policy is not None:
-            entry["policy"] = policy
+            text += f',"policy":"{policy}"'  # one of _POLICIES
         if graph_id is not None:
-            entry["ac_graph_id"] = graph_id
+            text += f',"ac_graph_id":{graph_id}'
         if recomputed_from is not None:
-            entry["recomputed_from"] = recomputed_from
-        for key, value in extra:
-            entry[key] = value
+            text += ',"recomputed_from":' + json_str(recomputed_from)
+        for key, value in extra:  # flags (True) and rng_state_bytes (an int)
+            text += f',"{key}":' + ("true" if value is True else _json_number(value))
         stack = meta.get("ac_module_stack")
         if stack:
-            at = stack_by_id.get(id(stack))
+            # by value: annotate_joint gives every node its own list of (fqn, type) tuples
+            key = tuple(stack)
+            try:
+                at = stack_text.get(key)
+            except TypeError:  # (fqn, type) lists
+                key = tuple((fqn, typ) for fqn, typ in stack)
+                at = stack_text.get(key)
             if at is None:
-                key = tuple(stack)  # annotate_joint's stacks hold (fqn, type) tuples
-                try:
-                    hash(key)
-                except TypeError:  # (fqn, type) lists
-                    key = tuple((fqn, typ) for fqn, typ in stack)
-                at = stack_index.get(key)
-                if at is None:
-                    at = stack_index[key] = len(stack_table)
-                    stack_table.append([{"fqn": fqn, "type": typ} for fqn, typ in stack])
-                stack_by_id[id(stack)] = at
-            entry["stack"] = at
-        out_nodes.append(entry)
+                at = stack_text[key] = f',"stack":{len(stack_table)}'
+                stack_table.append([{"fqn": fqn, "type": typ} for fqn, typ in stack])
+            text += at
+        out_nodes.append(text + "}")
     doc: dict[str, Any] = {"format": FORMAT, "version": VERSION}
     if model is not None:
         doc["model"] = model_facts(getattr(model, "_orig_mod", model))
-    if wire:
-        doc["module_stacks"] = stack_table
-    doc["nodes"] = out_nodes
-    return doc
+    if not wire:
+        doc["nodes"] = out_nodes
+        return doc
+    doc["module_stacks"] = stack_table
+    doc["nodes"] = []
+    head = json.dumps(doc, separators=(",", ":"), check_circular=False)
+    assert head.endswith('"nodes":[]}')
+    return head[:-2] + ",".join(out_nodes) + "]}"
 
 
 # Fields the wire form leaves out when they hold their default (docs/graph-format.md).
@@ -439,11 +482,18 @@ def to_json(gm: fx.GraphModule | fx.Graph, model: nn.Module | None = None, *, in
     """:func:`serialize_graph` as a JSON string: the compact wire form
     (:func:`compact`) unless ``full``; one line unless ``indent``."""
     with paused_gc():
-        if full:
+        if indent is not None:  # for people: the same document, spaced out
             doc = serialize_graph(gm, model, **kwargs)
-        else:  # compact(serialize_graph(...)), built in one pass
-            doc = _serialize(gm, model, kwargs.pop("unbacked_fallback", UNBACKED_FALLBACK),
-                             kwargs.pop("with_flops", True), wire=True, **kwargs)
-        if indent is None:  # a fresh tree of dicts and lists: no cycles to check for
-            return json.dumps(doc, separators=(",", ":"), check_circular=False)
-        return json.dumps(doc, indent=indent)
+            text = json.dumps(doc if full else compact(doc), indent=indent)
+            # Free the document while the collector is still off: re-enabled with it
+            # alive, the first allocation's young-generation pass walks every one of
+            # its dicts and lists for nothing.
+            del doc
+        elif full:
+            doc = serialize_graph(gm, model, **kwargs)
+            text = json.dumps(doc, separators=(",", ":"), check_circular=False)  # a fresh tree: no cycles
+            del doc  # as above
+        else:  # json.dumps(compact(serialize_graph(...))), written in one pass
+            text = _serialize(gm, model, kwargs.pop("unbacked_fallback", UNBACKED_FALLBACK),
+                              kwargs.pop("with_flops", True), wire=True, **kwargs)
+    return text
