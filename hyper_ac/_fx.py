@@ -1,4 +1,6 @@
-"""``copy_node``: copy an FX node into a graph without ``Graph.create_node``'s per-call overhead.
+"""FX graph edits the split and ``apply_plan`` make on large graphs, at less cost than ``fx.Graph``'s own.
+
+``copy_node``: copy an FX node into a graph without ``Graph.create_node``'s per-call overhead.
 
 ``Graph.node_copy`` → ``create_node`` walks every argument with pytree to warn
 about raw SymInts (a third of the time of building a 50k-node module), and
@@ -9,6 +11,11 @@ holds it needs neither: :func:`copy_node` does the rest of ``create_node``
 table, the length), with the same result. The graph internals it touches are
 checked against torch in tests/python/test_torch_compat.py; where one is
 missing, it falls back to ``node_copy``.
+
+``erase_node``, ``to_placeholder`` and ``reset_graph`` turn a joint graph into
+its backward in place (``hyper_ac.partition.build_modules``): erase the forward
+(freeing its names), make each saved value an input, and give the graph a fresh
+graph's code generation.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from typing import Any, Optional
 
 from torch import fx
 
-__all__ = ["copy_node"]
+__all__ = ["copy_node", "erase_node", "to_placeholder", "reset_graph"]
 
 _Node = fx.Node
 _GRAPH_ATTRS = ("_graph_namespace", "_insert", "_find_nodes_lookup_table", "_len")
@@ -64,3 +71,39 @@ def copy_node(graph: fx.Graph, node: fx.Node, args: tuple, kwargs: dict, *,
     graph._len += 1
     new.meta.update(meta)  # a fresh node's meta is an empty dict of its own
     return new
+
+
+def erase_node(graph: fx.Graph, node: fx.Node) -> None:
+    """``graph.erase_node(node)``, and its name freed for a later node (a graph
+    that gives up most of its nodes, as the joint graph becoming the backward,
+    keeps a namespace of the names it holds, as a fresh graph of them would)."""
+    graph.erase_node(node)
+    namespace = getattr(graph, "_graph_namespace", None)
+    names, used = getattr(namespace, "_obj_to_name", None), getattr(namespace, "_used_names", None)
+    if isinstance(names, dict) and isinstance(used, set) and names.get(node) == node.name:
+        del names[node]
+        used.discard(node.name)
+
+
+def to_placeholder(node: fx.Node) -> None:
+    """Turn ``node`` into an input of its graph in place, as ``Graph.placeholder(node.name)``
+    makes it (target its name, no arguments, no type), keeping its name, meta and readers.
+    It stays where it is: the caller moves it among the inputs."""
+    node._update_args_kwargs((), {})
+    node.op = "placeholder"  # Node.__setattr__ re-files it in the graph's lookup table
+    node.target = node.name
+    node.type = None
+
+
+#: What a graph built node by node in a fresh ``fx.Graph`` has: its nodes, names and lookup table.
+_NODE_STATE = frozenset({"_root", "_insert", "_len", "_graph_namespace", "_find_nodes_lookup_table",
+                         "_owning_module"})
+
+
+def reset_graph(graph: fx.Graph) -> None:
+    """Everything of ``graph`` but its nodes as in a fresh ``fx.Graph()``: the default code
+    generation (a ``make_fx`` graph takes its inputs as a pytree), no tracer, no code fields."""
+    fresh = fx.Graph()
+    for key, value in vars(fresh).items():
+        if key not in _NODE_STATE:
+            setattr(graph, key, value)
