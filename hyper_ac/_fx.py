@@ -74,10 +74,23 @@ def copy_node(graph: fx.Graph, node: fx.Node, args: tuple, kwargs: dict, *,
 
 
 def erase_node(graph: fx.Graph, node: fx.Node) -> None:
-    """``graph.erase_node(node)``, and its name freed for a later node (a graph
-    that gives up most of its nodes, as the joint graph becoming the backward,
-    keeps a namespace of the names it holds, as a fresh graph of them would)."""
-    graph.erase_node(node)
+    """``graph.erase_node(node)`` (without its per-node attribute hooks where no erase
+    hook is registered), and its name freed for a later node: a graph that gives up
+    most of its nodes, as the joint graph becoming the backward, keeps a namespace of
+    the names it holds, as a fresh graph of them would."""
+    if node.users:
+        raise RuntimeError(f"Tried to erase Node {node} but it still had {len(node.users)} users in the graph: "
+                           f"{node.users}!")
+    module = graph.owning_module
+    if not _FAST or node.graph is not graph or node._erased or (
+            module is not None and getattr(module, "_erase_node_hooks", None)):
+        graph.erase_node(node)
+    else:  # what erase_node does, bar the hooks and Node.__setattr__'s lookup-table probe
+        graph._find_nodes_lookup_table.remove(node)
+        node._remove_from_list()
+        _set(node, "_erased", True)
+        graph._len -= 1
+        node._update_args_kwargs(_map_arg(node._args, _none), _map_arg(node._kwargs, _none))
     namespace = getattr(graph, "_graph_namespace", None)
     names, used = getattr(namespace, "_obj_to_name", None), getattr(namespace, "_used_names", None)
     if isinstance(names, dict) and isinstance(used, set) and names.get(node) == node.name:
@@ -85,14 +98,28 @@ def erase_node(graph: fx.Graph, node: fx.Node) -> None:
         used.discard(node.name)
 
 
+_set = object.__setattr__
+_map_arg = fx.node.map_arg
+
+
+def _none(_: fx.Node) -> None:
+    return None
+
+
 def to_placeholder(node: fx.Node) -> None:
     """Turn ``node`` into an input of its graph in place, as ``Graph.placeholder(node.name)``
     makes it (target its name, no arguments, no type), keeping its name, meta and readers.
     It stays where it is: the caller moves it among the inputs."""
     node._update_args_kwargs((), {})
-    node.op = "placeholder"  # Node.__setattr__ re-files it in the graph's lookup table
-    node.target = node.name
-    node.type = None
+    if not _FAST:  # pragma: no cover - Node.__setattr__ re-files it in the graph's lookup table
+        node.op, node.target, node.type = "placeholder", node.name, None
+        return
+    table = node.graph._find_nodes_lookup_table  # filed by (op, target): out, changed, back in
+    table.remove(node)
+    _set(node, "op", "placeholder")
+    _set(node, "target", node.name)
+    _set(node, "type", None)
+    table.insert(node)
 
 
 #: What a graph built node by node in a fresh ``fx.Graph`` has: its nodes, names and lookup table.
