@@ -23,8 +23,9 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from torch import fx
+from torch.fx.immutable_collections import immutable_dict
 
-__all__ = ["copy_node", "erase_node", "to_placeholder", "reset_graph"]
+__all__ = ["copy_node", "placeholder", "erase_node", "to_placeholder", "reset_graph"]
 
 _Node = fx.Node
 _GRAPH_ATTRS = ("_graph_namespace", "_insert", "_find_nodes_lookup_table", "_len")
@@ -71,6 +72,23 @@ def copy_node(graph: fx.Graph, node: fx.Node, args: tuple, kwargs: dict, *,
     graph._len += 1
     new.meta.update(meta)  # a fresh node's meta is an empty dict of its own
     return new
+
+
+def placeholder(graph: fx.Graph, name: str, meta: dict) -> fx.Node:
+    """``node = graph.placeholder(name); node.meta = meta`` (the same dict), without
+    ``Node.__setattr__`` re-filing the node for its meta."""
+    if not _FAST or graph.owning_module is not None:  # pragma: no cover - hooks, or no internals
+        node = graph.placeholder(name)
+        node.meta = meta
+        return node
+    unique = graph._graph_namespace.create_name(graph._target_to_str(name), None)
+    node = _Node(graph, unique, "placeholder", name, (), immutable_dict(), None)
+    graph._graph_namespace.associate_name_with_obj(unique, node)
+    graph._insert(node)
+    graph._find_nodes_lookup_table.insert(node)
+    graph._len += 1
+    _set(node, "meta", meta)
+    return node
 
 
 def erase_node(graph: fx.Graph, node: fx.Node) -> None:

@@ -23,7 +23,7 @@ import torch
 from torch import fx
 from torch._functorch import partitioners as _partitioners
 
-from hyper_ac._fx import copy_node, erase_node, reset_graph, to_placeholder
+from hyper_ac._fx import copy_node, erase_node, placeholder, reset_graph, to_placeholder
 from hyper_ac._gc import paused_gc
 
 __all__ = ["saved_values", "partition_joint", "build_modules"]
@@ -238,8 +238,7 @@ def _build_modules(joint_module: fx.GraphModule, split: Mapping[str, Any],
     saved_in_forward: dict[str, fx.Node] = {}  # name -> the forward module's node
     forward_nodes: list[fx.Node] = []  # the joint's nodes that go to the forward module, in graph order
     for node in primals + fwd_seeds:
-        new = fwd.placeholder(node.name)
-        new.meta = node.meta
+        new = placeholder(fwd, node.name, node.meta)
         env_f[node] = new
         forward_nodes.append(node)
         position = from_forward.get(node.name)
