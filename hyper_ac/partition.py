@@ -8,8 +8,9 @@ Two ways to split (config key ``split``, docs/config.md):
 
 - ``native`` (default): the core's split (``hyper_ac.plan(..., split=True)``,
   ``core/include/hyper_ac/split.h``) names the nodes each module runs and the
-  values the forward saves, in order; :func:`build_modules` copies each node of
-  the rewritten graph once into the forward or the backward module.
+  values the forward saves, in order; :func:`build_modules` copies the forward
+  nodes of the rewritten graph into a new forward module and turns the graph
+  itself into the backward module (the joint graph is consumed).
 - ``torch``: PyTorch's ``_extract_fwd_bwd_modules`` with the values the
   rewritten backward reads (:func:`saved_values`), for comparison.
 """
@@ -22,7 +23,7 @@ import torch
 from torch import fx
 from torch._functorch import partitioners as _partitioners
 
-from hyper_ac._fx import copy_node
+from hyper_ac._fx import copy_node, erase_node, placeholder, reset_graph, to_placeholder
 from hyper_ac._gc import paused_gc
 
 __all__ = ["saved_values", "partition_joint", "build_modules"]
@@ -89,8 +90,9 @@ def partition_joint(
     """The partition_fn contract of aot_autograd, for an already rewritten joint graph.
 
     ``split``: the core's split of this graph (``hyper_ac.plan(..., split=True).split``):
-    the modules are built from it (:func:`build_modules`). ``None``: PyTorch's
-    ``_extract_fwd_bwd_modules`` saves what the rewritten backward reads (config ``split: torch``).
+    the modules are built from it (:func:`build_modules`), which consumes ``joint_module``
+    (its graph becomes the backward's). ``None``: PyTorch's ``_extract_fwd_bwd_modules``
+    saves what the rewritten backward reads (config ``split: torch``); ``joint_module`` is left as it is.
     """
     if split is not None:
         return build_modules(joint_module, split, num_fwd_outputs=num_fwd_outputs)
@@ -114,6 +116,22 @@ def partition_joint(
     fw_module.recompile()
     bw_module.recompile()
     return fw_module, bw_module
+
+
+_SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _maybe_symbolic(val: Any) -> bool:
+    """Whether ``val`` may hold a free symbol: ``bool(free_symbols(val))`` or a false alarm,
+    without walking every static size and stride as sympy expressions (3,000 inputs
+    at 50k nodes)."""
+    if isinstance(val, torch.Tensor):
+        sym = _SYM_TYPES
+        return (any(isinstance(d, sym) for d in val.shape) or any(isinstance(d, sym) for d in val.stride())
+                or isinstance(val.storage_offset(), sym))
+    if val is None or isinstance(val, (bool, int, float)):
+        return False
+    return bool(_partitioners.free_symbols(val))
 
 
 def _symbol_convention(joint_graph: fx.Graph, saved: list[fx.Node], symints: list[fx.Node],
@@ -155,15 +173,23 @@ def build_modules(joint_module: fx.GraphModule, split: Mapping[str, Any], *,
                   num_fwd_outputs: int) -> tuple[fx.GraphModule, fx.GraphModule]:
     """The forward and backward modules of a rewritten joint graph, from the core's split.
 
-    One pass over the rewritten graph copies each node into the module the core
-    put it in (``split["forward"]`` / ``split["backward"]`` by name, duplicates
-    by their index in the plan's ``duplicates``, which ``apply_plan`` writes as
-    ``meta["ac_duplicate"]``; a random op's replay nodes follow the op). The
-    calling convention is ``_extract_fwd_bwd_modules``'s: the forward takes the
-    primals (and forward seed/offset inputs) and returns its outputs, the saved
-    tensors (``split["saved"]``, in order), then the saved SymInts; the backward
-    takes the saved SymInts, the saved tensors, the tangents (and backward
-    seed/offset and backward-state inputs) and returns the gradients.
+    Each node goes to the module the core put it in (``split["forward"]`` /
+    ``split["backward"]`` by name, duplicates by their index in the plan's
+    ``duplicates``, which ``apply_plan`` writes as ``meta["ac_duplicate"]``; a
+    random op's replay nodes follow the op). The calling convention is
+    ``_extract_fwd_bwd_modules``'s: the forward takes the primals (and forward
+    seed/offset inputs) and returns its outputs, the saved tensors
+    (``split["saved"]``, in order), then the saved SymInts; the backward takes
+    the saved SymInts, the saved tensors, the tangents (and backward seed/offset
+    and backward-state inputs) and returns the gradients.
+
+    ``joint_module`` is consumed: one pass copies the forward nodes into a new
+    graph, then the joint graph itself becomes the backward's (its forward nodes
+    erased, each saved value turned into a backward input of the same name and
+    meta), which saves copying the larger half of the graph. Afterwards
+    ``joint_module.graph`` is the backward module's graph: do not run or reuse
+    ``joint_module``; split a copy to keep the joint. The nodes, names and meta of
+    both modules are those a copy of each node into a fresh graph would have.
     """
     # Tens of thousands of new nodes: the cyclic GC would rescan them over and over
     # (as in hyper_ac.serialize); nothing here needs collecting until the modules exist.
@@ -193,7 +219,7 @@ def _build_modules(joint_module: fx.GraphModule, split: Mapping[str, Any],
     bwd_seeds = [n for n in placeholders if _is_bwd_seed_offset(n)]
     backward_states = [n for n in placeholders if _partitioners._is_backward_state(n)]
 
-    if symint_names or any(_partitioners.free_symbols(n.meta.get("val")) for n in placeholders):
+    if symint_names or any(_maybe_symbolic(n.meta.get("val")) for n in placeholders):
         # Symbolic shapes: the SymInts follow aot_autograd's convention, which reads the nodes' values.
         by_name = {n.name: n for n in graph.nodes}
         symint_nodes = _symbol_convention(graph, [by_name[name] for name in saved_names],
@@ -201,31 +227,26 @@ def _build_modules(joint_module: fx.GraphModule, split: Mapping[str, Any],
         symint_names = [n.name for n in symint_nodes]
 
     fwd = fx.Graph()
-    bwd = fx.Graph()
     env_f: dict[fx.Node, fx.Node] = {}
-    env_b: dict[fx.Node, fx.Node] = {}
-    # The backward's inputs from the forward, by name; each takes its node's meta when the walk reaches it.
-    from_forward: dict[str, fx.Node] = {name: bwd.placeholder(name) for name in symint_names}
+    # The backward's inputs from the forward, by name (the saved SymInts, then the saved tensors).
+    from_forward: dict[str, int] = {name: i for i, name in enumerate(symint_names)}
     for name in saved_names:
         if name in from_forward:
             raise ValueError(f"the core's split saves '{name}' twice")
-        from_forward[name] = bwd.placeholder(name)
+        from_forward[name] = len(from_forward)
+    saved_nodes: list[Optional[fx.Node]] = [None] * len(from_forward)  # the joint's nodes, in that order
     saved_in_forward: dict[str, fx.Node] = {}  # name -> the forward module's node
+    forward_nodes: list[fx.Node] = []  # the joint's nodes that go to the forward module, in graph order
     for node in primals + fwd_seeds:
-        new = fwd.placeholder(node.name)
-        new.meta = node.meta
+        new = placeholder(fwd, node.name, node.meta)
         env_f[node] = new
-        placeholder = from_forward.get(node.name)
-        if placeholder is not None:
-            placeholder.meta = node.meta
-            env_b[node] = placeholder
+        forward_nodes.append(node)
+        position = from_forward.get(node.name)
+        if position is not None:
+            saved_nodes[position] = node
             saved_in_forward[node.name] = new
-    for node in tangents + bwd_seeds + backward_states:
-        new = bwd.placeholder(node.name)
-        new.meta = node.meta
-        env_b[node] = new
 
-    get_f, get_b = env_f.__getitem__, env_b.__getitem__
+    get_f = env_f.__getitem__
     map_arg = fx.node.map_arg
     for node in graph.nodes:
         op = node.op
@@ -236,50 +257,87 @@ def _build_modules(joint_module: fx.GraphModule, split: Mapping[str, Any],
         if name in forward_names:
             where = "forward"
         elif name in backward_names:
-            where = "backward"
+            continue
         else:
             index = meta.get("ac_duplicate")  # apply_plan's copies (and their private get_attrs)
             if index is not None:
                 if index not in duplicates:
                     raise ValueError(f"node '{name}' is duplicate #{index} of the plan, which the core's split "
                                      "leaves out")
-                where = "backward"
-            else:  # a random op's replay nodes (apply_plan) go where the op went
-                owner = meta.get("ac_rng_replay_of")
-                where = "forward" if owner in forward_names else "backward" if owner in backward_names else None
-            if where is None:
+                continue
+            # a random op's replay nodes (apply_plan) go where the op went
+            owner = meta.get("ac_rng_replay_of")
+            if owner in backward_names:
+                continue
+            if owner not in forward_names:
                 raise ValueError(f"node '{name}' of the rewritten graph is in neither module of the core's split "
                                  "(was the graph changed after apply_plan?)")
-        if where == "forward":
+        try:
             new = env_f[node] = copy_node(fwd, node, map_arg(node.args, get_f), map_arg(node.kwargs, get_f))
-            placeholder = from_forward.get(name)
-            if placeholder is not None:
-                placeholder.meta = meta
-                env_b[node] = placeholder
-                saved_in_forward[name] = new
-        else:
-            env_b[node] = copy_node(bwd, node, map_arg(node.args, get_b), map_arg(node.kwargs, get_b))
+        except KeyError as error:
+            raise ValueError(f"forward node '{name}' reads '{error.args[0]}', which the core's split does not "
+                             "put in the forward module") from None
+        forward_nodes.append(node)
+        position = from_forward.get(name)
+        if position is not None:
+            saved_nodes[position] = node
+            saved_in_forward[name] = new
     missing = [name for name in from_forward if name not in saved_in_forward]
     if missing:
         raise ValueError(f"the core's split saves {missing[:5]}, which the rewritten graph's forward does not compute")
 
-    def value(env: dict, x: Any, what: str) -> Any:
+    def forward_value(x: Any) -> Any:
         if not isinstance(x, fx.Node):
             return x
         try:
-            return env[x]
+            return env_f[x]
         except KeyError:
-            raise ValueError(f"{what} output '{x.name}' is not computed by the {what} module of the core's "
+            raise ValueError(f"forward output '{x.name}' is not computed by the forward module of the core's "
                              "split") from None
 
-    fwd_values = [value(env_f, x, "forward") for x in fwd_outputs]
+    fwd_values = [forward_value(x) for x in fwd_outputs]
     fwd_values += [saved_in_forward[name] for name in saved_names]
     fwd_values += [saved_in_forward[name] for name in symint_names]
     n_saved = len(saved_names) + len(symint_names)
     _output(fwd, fwd_values, list(fwd_descs) + [SavedForBackwardsAOTOutput(i) for i in range(n_saved)])
-    _output(bwd, [value(env_b, x, "backward") for x in bwd_outputs], list(bwd_descs))
     make = fx._lazy_graph_module._make_graph_module
-    return make(joint_module, fwd), make(joint_module, bwd)
+    fw_module = make(joint_module, fwd)
+
+    # The backward: the joint graph itself, less its forward (the forward nodes
+    # it reads become its inputs). Nothing above changed the joint graph.
+    in_forward = set(forward_nodes)
+    for x in bwd_outputs:
+        if isinstance(x, fx.Node) and x in in_forward and x.name not in from_forward:
+            raise ValueError(f"backward output '{x.name}' is not computed by the backward module of the core's "
+                             "split")
+    erase_node(graph, next(iter(reversed(graph.nodes))))  # the joint's output node
+    saved = set(saved_nodes)
+    for node in reversed(forward_nodes):  # readers first
+        if node in saved:
+            to_placeholder(node)
+        elif node.users:
+            reader = next(iter(node.users))
+            raise ValueError(f"backward node '{reader.name}' reads forward value '{node.name}', which the core's "
+                             "split does not save")
+        else:
+            erase_node(graph, node)
+    inputs = saved_nodes + tangents + bwd_seeds + backward_states
+    taken = set(inputs)
+    for node in graph.find_nodes(op="placeholder"):
+        if node not in taken:  # a joint input neither module takes (none in aot_autograd's joint)
+            if node.users:
+                raise ValueError(f"backward node '{next(iter(node.users)).name}' reads input '{node.name}', "
+                                 "which is neither a tangent nor a backward seed or state")
+            erase_node(graph, node)
+    previous = graph._root
+    for node in inputs:  # the calling convention's order, first in the graph
+        if node.target != node.name or node.args or node.kwargs or node.type is not None:
+            to_placeholder(node)  # as a fresh ``Graph.placeholder(name)``
+        previous.append(node)
+        previous = node
+    reset_graph(graph)  # a fresh graph's code generation (the joint's takes its inputs as a pytree)
+    _output(graph, [x for x in bwd_outputs], list(bwd_descs))
+    return fw_module, make(joint_module, graph)
 
 
 def _output(graph: fx.Graph, values: list, descs: list) -> None:

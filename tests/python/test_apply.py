@@ -115,3 +115,52 @@ def test_full_peak_is_no_more_than_eager_per_layer_checkpointing():
     for n in grads:
         assert torch.equal(grads[n], eager_grads[n]), n
     assert peak <= eager_peak * 1.01, f"full {peak} B vs eager per-layer checkpoint {eager_peak} B"
+
+
+@pytest.mark.parametrize("what", ["insertion point", "redirect"])
+def test_apply_plan_rejects_a_plan_out_of_order(what):
+    """A duplicate placed before one of its inputs, or a redirect to a copy made after its
+    reader, is refused: by the full lint when apply recompiles, and by apply's check of the
+    nodes it changed when the partition follows (``recompile=False``), naming the node."""
+    import copy as copy_module
+
+    from hyper_ac.apply import apply_plan
+    from hyper_ac.capture import capture_joint
+
+    model = models.build("transformer", 2)
+    ids = models.example_batch("transformer", batch=2, seq=16)["input_ids"]
+    gm = capture_joint(model, ids, ids).graph_module
+    plan = copy_module.deepcopy(dict(hyper_ac.plan(gm, {"ac_mode": "full"}, model).plan))
+    order = {n.name: i for i, n in enumerate(gm.graph.nodes)}
+    by_name = {n.name: n for n in gm.graph.nodes}
+    if what == "insertion point":
+        # The first duplicate with an input node, now inserted right before that input.
+        entry = next(e for e in plan["duplicates"] if by_name[e["of"]].all_input_nodes
+                     and by_name[e["of"]].all_input_nodes[0].op != "placeholder")
+        entry["before"] = by_name[entry["of"]].all_input_nodes[0].name
+        expected = f"duplicate of '{entry['of']}'"
+    else:
+        # A redirect whose reader comes before the copy's insertion point, made to read that copy.
+        redirect = plan["redirects"][0]
+        copy_index = redirect.get("copy", -1)
+        if copy_index is None or copy_index < 0:  # the latest copy of the input
+            copy_index = max(i for i, e in enumerate(plan["duplicates"]) if e["of"] == redirect["input"])
+        entry = plan["duplicates"][copy_index]
+        original = by_name[redirect["input"]]
+        reader = min((n for n in by_name.values() if n.meta.get("autograd_backward") and n.op == "call_function"
+                      and original not in n.all_input_nodes
+                      and order[original.name] < order[n.name] < order[entry["before"]]),
+                     key=lambda n: order[n.name], default=None)
+        assert reader is not None
+        # Give the reader an input it can be redirected from: the redirected input itself.
+        reader.args = (*reader.args, original)
+        plan["redirects"] = [*plan["redirects"], {**redirect, "node": reader.name, "copy": copy_index}]
+        expected = f"'{reader.name}'"
+    for recompile in (True, False):
+        g = copy_module.deepcopy(gm) if recompile else gm
+        if recompile:
+            with pytest.raises(RuntimeError, match="used before it has been defined"):
+                apply_plan(g, plan)
+        else:
+            with pytest.raises(ValueError, match=f"plan leaves .*{expected}.*comes after it"):
+                apply_plan(g, plan, recompile=False)

@@ -394,3 +394,32 @@ def test_graph_internals_copy_node_uses():
     assert x.meta == {} and callable(x._prepend)
     with _use_lazy_graph_module(True):
         assert isinstance(_make_graph_module(torch.nn.Module(), graph), _LazyGraphModule)
+
+
+def test_graph_internals_backward_in_place_uses():
+    """hyper_ac._fx.erase_node / to_placeholder / reset_graph (the native split's backward,
+    built in place from the joint graph) rely on these internals."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from hyper_ac import _fx
+
+    gm = make_fx(lambda xs: [xs[0].sin() * 2])([torch.randn(3)])  # inputs as a pytree
+    graph = gm.graph
+    assert type(graph._codegen).__name__ == "_PyTreeCodeGen"
+    x, sin, mul = [n for n in graph.nodes if n.op != "output"]
+    namespace = graph._graph_namespace
+    assert isinstance(namespace._obj_to_name, dict) and isinstance(namespace._used_names, set)
+    # A node turned into a placeholder is re-filed in the lookup table and keeps its name and readers.
+    _fx.to_placeholder(sin)
+    assert sin.op == "placeholder" and sin.target == sin.name and sin.args == () and sin.users == {mul: None}
+    assert graph.find_nodes(op="placeholder") == [x, sin] and not graph.find_nodes(op="call_function",
+                                                                                  target=torch.ops.aten.sin.default)
+    graph._root.append(sin)
+    assert graph.find_nodes(op="placeholder") == [sin, x]  # sorted by graph order
+    _fx.erase_node(graph, x)
+    assert x.name not in namespace._used_names and x not in namespace._obj_to_name
+    assert graph.placeholder(x.name).name == x.name  # the name is free again
+    _fx.reset_graph(graph)
+    assert type(graph._codegen) is torch.fx.graph.CodeGen and graph._tracer_cls is None
+    assert set(vars(torch.fx.Graph())) - set(vars(graph)) == set()
+    graph.lint()
