@@ -293,14 +293,10 @@ def _summary(gm) -> dict:
 
 
 def copy_graph_module(gm):
-    """A cheap copy for a planner to mutate (node meta dicts are copied shallowly)."""
-    import torch.fx as fx
+    """A cheap copy for a planner to mutate (node meta dicts copied shallowly; hyper_ac._fx)."""
+    from hyper_ac._fx import copy_graph_module as copy
 
-    graph = fx.Graph()
-    out = graph.graph_copy(gm.graph, {})
-    # the output's meta too: its phase (the pass checks every node has one) and descriptors (the split reads them)
-    graph.output(out).meta = dict(next(iter(gm.graph.find_nodes(op="output"))).meta)
-    return fx.GraphModule(gm, graph)
+    return copy(gm)
 
 
 def same_structure(a, b) -> bool:

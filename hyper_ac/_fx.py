@@ -25,7 +25,7 @@ from typing import Any, Optional
 from torch import fx
 from torch.fx.immutable_collections import immutable_dict
 
-__all__ = ["copy_node", "placeholder", "erase_node", "to_placeholder", "reset_graph"]
+__all__ = ["copy_node", "copy_graph_module", "placeholder", "erase_node", "to_placeholder", "reset_graph"]
 
 _Node = fx.Node
 _GRAPH_ATTRS = ("_graph_namespace", "_insert", "_find_nodes_lookup_table", "_len")
@@ -73,6 +73,20 @@ def copy_node(graph: fx.Graph, node: fx.Node, args: tuple, kwargs: dict, *,
     new.meta.update(meta)  # a fresh node's meta is an empty dict of its own
     return new
 
+
+
+def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` that a partitioner may edit: every node copied (same names,
+    meta dicts copied shallowly), the module's attributes (parameters, tensor
+    constants, subgraphs) shared. ``copy.deepcopy`` would also copy tensor
+    constants and fake values, which fails inside a partition step (a constant
+    made under a fake mode cannot be cloned there)."""
+    graph = fx.Graph()
+    env: dict = {}
+    get = env.__getitem__
+    for node in gm.graph.nodes:
+        env[node] = copy_node(graph, node, fx.map_arg(node.args, get), fx.map_arg(node.kwargs, get))
+    return fx.GraphModule(gm, graph)
 
 def placeholder(graph: fx.Graph, name: str, meta: dict) -> fx.Node:
     """``node = graph.placeholder(name); node.meta = meta`` (the same dict), without

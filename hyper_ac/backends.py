@@ -83,15 +83,10 @@ def stock_recomputed(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any) ->
     docs/mincut.md "Never worse than stock"); nothing is decided here."""
     forward = {node.name for node in joint.graph.nodes
                if node.op == "call_function" and node.meta.get("autograd_backward") is False}
-    # A node-by-node copy (same names, shallow meta copies): stock's partition edits the graph and
-    # tags meta; a deepcopy of the module would also copy tensor constants and fake values it cannot.
-    from hyper_ac._fx import copy_node
+    # Stock's partition edits the graph and tags meta: it runs on a copy.
+    from hyper_ac._fx import copy_graph_module
 
-    graph = fx.Graph()
-    env: dict = {}
-    for node in joint.graph.nodes:
-        env[node] = copy_node(graph, node, fx.map_arg(node.args, env.__getitem__), fx.map_arg(node.kwargs, env.__getitem__))
-    _, bw = stock_partition(fx.GraphModule(joint, graph), joint_inputs, **kwargs)
+    _, bw = stock_partition(copy_graph_module(joint), joint_inputs, **kwargs)
     return sorted({node.name for node in bw.graph.nodes if node.op == "call_function" and node.name in forward})
 
 

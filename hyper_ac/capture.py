@@ -24,16 +24,15 @@ See ``docs/torch-compat.md`` for every torch internal this relies on.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import time
-import warnings
 from typing import Any, Callable
 
 import torch
 import torch.fx as fx
 import torch.nn as nn
 
+from hyper_ac._fx import copy_graph_module
 from hyper_ac.annotate import CaptureError, JointAnnotation, annotate_joint, num_forward_outputs_from_descs
 from hyper_ac.config import apply_adapter_hook
 
@@ -211,9 +210,7 @@ def _capture_compile(model: nn.Module, args: tuple, kwargs: dict, loss_fn: Calla
 
     def partition(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kw: Any):
         if "joint" not in rec:  # first graph only (fullgraph gives exactly one)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)  # pytree LeafSpec deprecation inside deepcopy
-                rec["joint"] = copy.deepcopy(joint)
+            rec["joint"] = copy_graph_module(joint)  # default_partition below edits the joint
             rec["num_fwd_outputs"] = num_fwd_outputs
             rec["static_lifetime_input_indices"] = list(kw.get("static_lifetime_input_indices") or [])
         return default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kw)

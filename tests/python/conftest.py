@@ -75,7 +75,7 @@ def captured():
     return get_captured
 
 
-ALL_MODELS = ("mlp", "transformer", "gpt2", "llama", "mixtral", "bert")
+ALL_MODELS = ("mlp", "transformer", "gpt2", "llama", "mixtral", "bert", "t5")
 HF_MODELS = ("gpt2", "llama", "mixtral")
 
 

@@ -86,7 +86,7 @@ def test_hf_model_tiny_config():
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["mlp", "transformer", "llama"])
+@pytest.mark.parametrize("name", ["mlp", "transformer", "llama", "t5"])
 def test_joint_graph_computes_loss_and_gradients(captured, name):
     c = captured(name)
     cg = c.captured
