@@ -17,6 +17,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 import time
 from typing import Optional
@@ -26,17 +27,27 @@ from benchmarks.common import plan_cli
 _LOAD_RE = re.compile(r"timings: load (?P<load>\S+) s \((?P<path>\w+) loader\)")
 
 
+# A child's ru_maxrss counts the memory of the process it was forked from (Linux
+# records the forked copy's high-water mark at exec), so a CLI started straight
+# from this process would report this process's peak, gigabytes once a 1M-node
+# graph is held here. A small launcher forks the CLI and prints the CLI's own
+# peak; it can only err upwards by the launcher's size at the fork (~15 MiB).
+_RSS_LAUNCHER = ("import os, subprocess, sys\n"
+                 "proc = subprocess.Popen(sys.argv[1:])\n"
+                 "_, status, usage = os.wait4(proc.pid, 0)\n"
+                 "sys.stderr.write(f'\\nmaxrss_kib {usage.ru_maxrss}\\n')\n"
+                 "sys.exit(os.waitstatus_to_exitcode(status))\n")
+_RSS_RE = re.compile(r"^maxrss_kib (?P<kib>\d+)$", re.MULTILINE)
+
+
 def _cli_load(cli: str, path: str, reference: bool) -> Optional[tuple[float, str, float]]:
     """(load seconds, loader that read it, peak RSS in MiB) of one CLI run without a config."""
-    cmd = [cli, path, "--timings"] + (["--reference-loader"] if reference else [])
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    stderr = proc.stderr.read() if proc.stderr else ""
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    m = _LOAD_RE.search(stderr)
-    if proc.returncode != 0 or m is None:
+    cmd = [sys.executable, "-c", _RSS_LAUNCHER, cli, path, "--timings"] + (["--reference-loader"] if reference else [])
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    m, rss = _LOAD_RE.search(proc.stderr), _RSS_RE.search(proc.stderr)
+    if proc.returncode != 0 or m is None or rss is None:
         return None
-    return float(m["load"]), m["path"], usage.ru_maxrss / 1024.0
+    return float(m["load"]), m["path"], int(rss["kib"]) / 1024.0
 
 
 def _json_loads_seconds(data: bytes, repeat: int) -> float:

@@ -133,3 +133,20 @@ def test_checkpointed_model_rows(tmp_path):
         assert rows[strategy]["reference"] == "none"
         assert rows[strategy]["grads_allclose"] == "True"
     assert "### Inductor and models that checkpoint themselves" in (tmp_path / "results.md").read_text()
+
+
+def test_loading_rss_is_the_cli_own_not_this_process():
+    """The loader's peak RSS is the CLI's: a CLI forked straight from a process holding
+    gigabytes would report that process's peak (Linux keeps the forked copy's high-water
+    mark), which is what the 1M-node figure once showed."""
+    from benchmarks.common import plan_cli
+    from benchmarks.loading import measure_loading
+
+    if plan_cli() is None:
+        pytest.skip("hyper-ac-plan not built")
+    held = bytearray(600 * 2**20)
+    held[::4096] = b"\x01" * len(held[::4096])  # touched: 600 MiB resident in this process
+    row = measure_loading(os.path.join(_ROOT, "tests", "data", "tiny_mlp.json"))
+    assert 0 < row["load_fast_rss_mib"] < 200, row
+    assert 0 < row["load_reference_rss_mib"] < 200, row
+    del held
