@@ -11,6 +11,8 @@ writes them into the graph document.
 
 from __future__ import annotations
 
+import functools
+import math
 import operator
 from typing import Any, Iterable
 
@@ -137,12 +139,10 @@ def _grouped_mm_flops(a_shape, b_shape, *args: Any, out_shape: Any = None, **kwa
     """Grouped matmul: each row of ``a`` meets one group's matrix, so 2 · numel(a) · N
     (N = the output's last dimension) in every layout of ``torch._grouped_mm``
     (2D×3D, 3D×3D, 3D×2D, and 2D×2D with groups along K)."""
-    numel = 1
-    for size in a_shape:
-        numel *= size
-    return 2 * numel * out_shape[-1]
+    return 2 * math.prod(a_shape) * out_shape[-1]
 
 
+@functools.cache
 def _own_flop_formulas() -> dict:
     """FLOP formulas for ops ``torch.utils.flop_counter`` has none for, by ``ns::name``:
     without one the core prices a replay by bytes only (its ``compute_unknown``

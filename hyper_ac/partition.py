@@ -336,7 +336,7 @@ def _build_modules(joint_module: fx.GraphModule, split: Mapping[str, Any],
         previous.append(node)
         previous = node
     reset_graph(graph)  # a fresh graph's code generation (the joint's takes its inputs as a pytree)
-    _output(graph, [x for x in bwd_outputs], list(bwd_descs))
+    _output(graph, list(bwd_outputs), list(bwd_descs))
     return fw_module, make(joint_module, graph)
 
 

@@ -365,8 +365,13 @@ void compare_with_stock(const Graph& graph, const detail::NodeIndex& index, cons
     stock[static_cast<std::size_t>(it->second)] = Policy::MustRecompute;
   }
   const Evaluation scored = evaluate_indexed(graph, index, stock, cost, schedule);
+  // Every evaluation plan() runs is timed once: plan() adds the one it keeps.
+  result.timings.remat_seconds += scored.remat_seconds;
+  result.timings.simulate_seconds += scored.simulate_seconds;
   result.stats.stock_simulated_peak = scored.simulated_peak_bytes;
   if (evaluation.simulated_peak_bytes < scored.simulated_peak_bytes) return;
+  result.timings.remat_seconds += evaluation.remat_seconds;  // superseded below
+  result.timings.simulate_seconds += evaluation.simulate_seconds;
   std::vector<Policy> kept = result.tags.policies;
   for (Policy& policy : kept)
     if (policy == Policy::PreferRecompute) policy = Policy::PreferSave;

@@ -42,10 +42,12 @@ struct Outcome {
   Graph graph;
 };
 
-Outcome load(const std::string& text, const LoadOptions& options) {
+// What one loader call gives: its graph and path, or its error message.
+template <typename LoadCall>
+Outcome outcome_of(LoadCall&& load_call) {
   Outcome out;
   try {
-    auto loaded = load_graph(text, options);
+    auto loaded = load_call();
     out.ok = true;
     out.fast = loaded.stats.fast_path;
     out.graph = std::move(loaded.graph);
@@ -53,6 +55,10 @@ Outcome load(const std::string& text, const LoadOptions& options) {
     out.error = error.what();
   }
   return out;
+}
+
+Outcome load(const std::string& text, const LoadOptions& options) {
+  return outcome_of([&] { return load_graph(text, options); });
 }
 
 // The public load and the reference-only load agree: the same Graph, or the
@@ -398,15 +404,7 @@ std::string temp_file(const std::string& name, const std::string& text) {
 void expect_file_same(const std::string& name, const std::string& text, const LoadOptions& options = {}) {
   INFO("file " << name << " (" << text.size() << " bytes)");
   const std::string path = temp_file(name, text);
-  Outcome from_file;
-  try {
-    auto loaded = load_graph_file(path, options);
-    from_file.ok = true;
-    from_file.fast = loaded.stats.fast_path;
-    from_file.graph = std::move(loaded.graph);
-  } catch (const GraphError& error) {
-    from_file.error = error.what();
-  }
+  const Outcome from_file = outcome_of([&] { return load_graph_file(path, options); });
   std::filesystem::remove(path);
   const Outcome from_text = load(text, options);
   REQUIRE(from_file.ok == from_text.ok);

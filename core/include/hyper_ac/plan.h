@@ -74,7 +74,8 @@ struct PlanTimings {
   double tag_seconds = 0.0;
   double mincut_seconds = 0.0;    // max-flow solves (auto: one; budget: the frontier)
   // Every evaluation plan() runs, each once (budget: each frontier point
-  // tried and the descent's trials; the chosen one is among them).
+  // tried and the descent's trials; the chosen one is among them; auto with
+  // stock_recomputed: the stock set's score and, on a fallback, the cut's plan too).
   double remat_seconds = 0.0;
   double simulate_seconds = 0.0;   // the estimate before, then each evaluation's
   double total_seconds = 0.0;      // plan(), end to end; the stages above are disjoint parts of it
