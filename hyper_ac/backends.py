@@ -252,7 +252,7 @@ def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: s
                           tag_only=tag_only, on_result=on_result, current=current)
 
     if compiler == "inductor":
-        from torch._inductor.compile_fx import compile_fx
+        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
         digest = hashlib.sha256(f"{cfg.json_for(model)}|{tag_only}|{_core.__file__}".encode()).hexdigest()[:16]
         partitioner = _inductor_partitioner(step, f"hyper_ac-{digest}")
@@ -264,11 +264,20 @@ def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: s
             # A cache hit would skip the partition step, and with it this config's plan.
             with torch._inductor.config.patch(custom_partitioner_fn=partitioner), \
                     functorch_config.patch(enable_autograd_cache=False):
-                return compile_fx(gm, example_inputs)
+                return compile_fx(gm, example_inputs, inner_compile=compile_one_graph)
+
+        def compile_one_graph(*args, **kwargs):
+            # Inductor compiles the backward lazily, at its first call: a config patch
+            # around compile_fx alone would miss it, so each graph's compile gets its own.
+            with torch._inductor.config.patch(allow_buffer_reuse=cfg.inductor_buffer_reuse):
+                return compile_fx_inner(*args, **kwargs)
 
         compile_inductor.partition_fn = step  # type: ignore[attr-defined]
         return compile_inductor
 
+    if cfg.buffer_reuse != "auto":
+        warnings.warn(f"hyper_ac.backend: buffer_reuse: {cfg.buffer_reuse} applies to compiler='inductor' only; "
+                      "the eager compiler runs FX code, which reuses no buffers", stacklevel=2)
     from torch._dynamo.backends.common import aot_autograd
 
     # aot_eager's arguments, with hyper_ac's partition step and boxed FX code.

@@ -148,6 +148,20 @@ class Config:
         return self.data["activation_checkpoint"].get("split", "native")
 
     @property
+    def buffer_reuse(self) -> str:
+        """``auto`` (default), ``inductor`` or ``none``: Inductor's buffer reuse in the graphs
+        ``hyper_ac.backend(compiler="inductor")`` compiles (docs/config.md)."""
+        return self.data["activation_checkpoint"].get("buffer_reuse", "auto")
+
+    @property
+    def inductor_buffer_reuse(self) -> bool:
+        """Whether Inductor may reuse buffers here: ``auto`` keeps stock's reuse in mode
+        ``off`` only, because elsewhere a reused buffer can outlive the plan's lifetimes."""
+        if self.buffer_reuse == "auto":
+            return self.mode == "off"
+        return self.buffer_reuse == "inductor"
+
+    @property
     def rng(self) -> str:
         """``replay`` (default) or ``save``: what the core may do with random ops (docs/config.md)."""
         return self.data["activation_checkpoint"]["rng"]

@@ -228,6 +228,17 @@ SplitMethod parse_split(const json& value, const std::string& key) {
   return SplitMethod::Native;
 }
 
+BufferReuse parse_buffer_reuse(const json& value, const std::string& key) {
+  if (!value.is_string()) fail(key, std::string("must be a string (auto, inductor or none), got ") + value.type_name());
+  const auto name = value.get<std::string>();
+  if (name == "auto") return BufferReuse::Auto;
+  if (name == "inductor") return BufferReuse::Inductor;
+  if (name == "none") return BufferReuse::None;
+  fail(key, "unknown buffer_reuse '" + name +
+                "'; use auto (Inductor's reuse in mode off only), inductor (Inductor's reuse in every mode) or none");
+  return BufferReuse::Auto;
+}
+
 Compiler parse_compiler(const json& value, const std::string& key) {
   if (!value.is_string()) fail(key, std::string("must be a string (eager or inductor), got ") + value.type_name());
   const auto name = value.get<std::string>();
@@ -313,6 +324,8 @@ const std::vector<OptionKey>& option_keys() {
       {"ac_compiler", "", "compiler",
        [](const json& v, const std::string& k, Config& c) { c.mincut.compiler = parse_compiler(v, k); }},
       {"ac_split", "", "split", [](const json& v, const std::string& k, Config& c) { c.split = parse_split(v, k); }},
+      {"ac_buffer_reuse", "", "buffer_reuse",
+       [](const json& v, const std::string& k, Config& c) { c.buffer_reuse = parse_buffer_reuse(v, k); }},
   };
   return keys;
 }
@@ -466,6 +479,15 @@ bool has_budget(const MemoryBudget& budget) { return !std::holds_alternative<std
 
 const char* to_string(SplitMethod split) { return split == SplitMethod::Native ? "native" : "torch"; }
 
+const char* to_string(BufferReuse reuse) {
+  switch (reuse) {
+    case BufferReuse::Auto: return "auto";
+    case BufferReuse::Inductor: return "inductor";
+    case BufferReuse::None: return "none";
+  }
+  return "?";
+}
+
 const char* to_string(Compiler compiler) {
   switch (compiler) {
     case Compiler::Eager: return "eager";
@@ -509,6 +531,7 @@ std::string config_to_json(const Config& config) {
   if (config.mincut.compiler != Compiler::Eager) section["compiler"] = to_string(config.mincut.compiler);
   // Likewise: configs with the default split keep their canonical form.
   if (config.split != SplitMethod::Native) section["split"] = to_string(config.split);
+  if (config.buffer_reuse != BufferReuse::Auto) section["buffer_reuse"] = to_string(config.buffer_reuse);
   json document;
   document["activation_checkpoint"] = section;
   if (!config.op_policy_override.empty()) document["op_policy"] = json::parse(config.op_policy_override);

@@ -37,6 +37,21 @@ TEST_CASE("config round-trips through canonical JSON", "[config]") {
   CHECK(config_to_json(again) == config_to_json(c));
 }
 
+TEST_CASE("buffer_reuse: auto by default, kept out of the canonical form unless set", "[config]") {
+  Config plain = parse_config(R"({"ac_mode": "auto"})");
+  CHECK(plain.buffer_reuse == BufferReuse::Auto);
+  CHECK(config_to_json(plain).find("buffer_reuse") == std::string::npos);
+  Config nested = parse_config(R"({"activation_checkpoint": {"mode": "full", "buffer_reuse": "inductor"}})");
+  CHECK(nested.buffer_reuse == BufferReuse::Inductor);
+  Config flat = parse_config(R"({"ac_mode": "full", "ac_buffer_reuse": "none"})");
+  CHECK(flat.buffer_reuse == BufferReuse::None);
+  CHECK(parse_config(config_to_json(flat)).buffer_reuse == BufferReuse::None);
+  CHECK_THROWS_WITH(parse_config(R"({"ac_buffer_reuse": "never"})"),
+                    Catch::Contains("'ac_buffer_reuse'") && Catch::Contains("unknown buffer_reuse 'never'"));
+  CHECK_THROWS_WITH(parse_config(R"({"activation_checkpoint": {"buffer_reuse": false}})"),
+                    Catch::Contains("activation_checkpoint.buffer_reuse") && Catch::Contains("must be a string"));
+}
+
 TEST_CASE("config errors name the key", "[config][errors]") {
   SECTION("unknown key with did-you-mean") {
     CHECK_THROWS_WITH(parse_config(R"({"activation_checkpoint": {"mdoe": "full"}})"),

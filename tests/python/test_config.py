@@ -70,6 +70,22 @@ def test_flat_and_nested_forms_agree():
     assert flat.data == nested.data
 
 
+@pytest.mark.parametrize("mode, key, allowed", [
+    ("off", None, True), ("auto", None, False), ("full", None, False),
+    ("auto", "inductor", True), ("off", "none", False), ("off", "auto", True),
+])
+def test_buffer_reuse_resolves_per_mode(mode, key, allowed):
+    config = {"ac_mode": mode, **({"ac_buffer_reuse": key} if key else {})}
+    assert load_config(config).inductor_buffer_reuse is allowed
+
+
+def test_buffer_reuse_bad_value_names_the_key_and_the_choices(tmp_path):
+    path = tmp_path / "reuse.yaml"
+    path.write_text("activation_checkpoint:\n  mode: auto\n  buffer_reuse: yes\n")
+    with pytest.raises(ConfigError, match=r"activation_checkpoint.buffer_reuse.*must be a string \(auto, inductor or none\)"):
+        load_config(path)
+
+
 def test_unknown_key_suggests_the_right_one():
     with pytest.raises(ConfigError, match=r"activation_checkpoint.selction.*did you mean 'selection'"):
         load_config({"activation_checkpoint": {"mode": "full", "selction": {}}})

@@ -55,6 +55,15 @@ const char* to_string(Compiler compiler);
 enum class SplitMethod { Native, Torch };
 const char* to_string(SplitMethod split);
 
+// Inductor's buffer reuse in the graphs hyper_ac.backend(compiler="inductor")
+// compiles (config key `buffer_reuse`). Inductor may keep a dead buffer
+// allocated until a later buffer of the same size takes it over, trusting its
+// own peak estimate; the plan's simulated lifetimes free it at its last use.
+// `auto`: Inductor's reuse in mode off (stock), none in every other mode;
+// `inductor`: Inductor's reuse in every mode; `none`: no reuse in any mode.
+enum class BufferReuse { Auto, Inductor, None };
+const char* to_string(BufferReuse reuse);
+
 // Roofline hardware profile for recompute cost (min-cut modes).
 // Accepted ranges of the floats a config sets (docs/config.md): anything else,
 // and any non-finite value, is a ConfigError naming the key.
@@ -105,6 +114,7 @@ struct Config {
   bool save_forward_all_gather = false;
   RngPolicy rng = RngPolicy::Replay;  // `rng: replay | save`
   SplitMethod split = SplitMethod::Native;  // `split: native | torch` (read by the Python backend)
+  BufferReuse buffer_reuse = BufferReuse::Auto;  // `buffer_reuse: auto | inductor | none` (read by the Python backend)
   // The config's op_policy section (canonical JSON), empty when absent: the
   // categories it names replace those of the default table.
   std::string op_policy_override;
