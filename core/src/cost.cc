@@ -69,6 +69,16 @@ FusionGroups fusion_groups(const Graph& graph, const CostOptions& options) {
       auto x = static_cast<std::size_t>(input);
       if (groups.group[x] >= 0 && groups.group[u] != groups.group[x]) groups.materialized[x] = 1;
     }
+  // ... or through a view or getitem of it that leaves: the kernel writes the
+  // base the alias points into. Users follow their inputs, so one backward pass.
+  for (std::size_t u = n; u-- > 0;) {
+    const Node& node = graph.nodes[u];
+    if (groups.group[u] < 0 || !groups.materialized[u] || !(is_view_like(node) || is_getitem(node))) continue;
+    for (auto input : node.inputs) {
+      auto x = static_cast<std::size_t>(input);
+      if (groups.group[x] == groups.group[u]) groups.materialized[x] = 1;
+    }
+  }
   return groups;
 }
 
@@ -117,6 +127,27 @@ double member_seconds(const Graph& graph, const FusionGroups& groups, std::int32
   return seconds > 0.0 ? seconds : 0.0;
 }
 
+std::vector<std::int32_t> group_member_reads(const Graph& graph, const FusionGroups& groups, std::int32_t index,
+                                             const std::function<bool(std::int32_t)>& replayed_view) {
+  std::vector<std::int32_t> reads;
+  const Node& node = graph.nodes.at(static_cast<std::size_t>(index));
+  if (is_view_like(node)) return reads;
+  const std::int32_t g = groups.group.at(static_cast<std::size_t>(index));
+  std::vector<std::int32_t> pending(node.inputs.begin(), node.inputs.end());
+  while (!pending.empty()) {
+    const std::int32_t x = pending.back();
+    pending.pop_back();
+    const Node& input = graph.nodes[static_cast<std::size_t>(x)];
+    if (g >= 0 && groups.group[static_cast<std::size_t>(x)] == g && is_view_like(input) && replayed_view(x))
+      pending.insert(pending.end(), input.inputs.begin(), input.inputs.end());
+    else
+      reads.push_back(x);
+  }
+  std::sort(reads.begin(), reads.end());
+  reads.erase(std::unique(reads.begin(), reads.end()), reads.end());
+  return reads;
+}
+
 double read_seconds(const Graph& graph, std::int32_t index, const CostOptions& options) {
   const Node& node = graph.nodes.at(static_cast<std::size_t>(index));
   if (node.symint || node.output_bytes() <= 0) return 0.0;
@@ -144,7 +175,8 @@ double recompute_seconds(const Graph& graph, const std::vector<std::int32_t>& no
       continue;
     }
     total = add_finite(total, member_seconds(graph, groups, index, options));
-    for (auto input : graph.nodes[i].inputs) {
+    const auto replayed = [&](std::int32_t x) { return in_set[static_cast<std::size_t>(x)] != 0; };
+    for (auto input : group_member_reads(graph, groups, index, replayed)) {
       auto x = static_cast<std::size_t>(input);
       if (in_set[x] && groups.group[x] == g) continue;  // produced inside the replayed kernel
       if (reads.emplace(input, g).second) total = add_finite(total, read_seconds(graph, input, options));

@@ -597,11 +597,16 @@ void Solver::add_group_reads(std::int32_t v, std::int32_t in, double lambda, Net
   // infinite (recomputing v puts r on the sink side), and the read is paid by
   // the arc into r: from u_in when u is a recomputable member of the same
   // group (free when u is replayed in the same kernel), else from the source.
+  // A view reads nothing; its readers read through it (group_member_reads):
+  // a view member with its own vertex is on the sink side whenever a reader is
+  // (the infinite input arc), so looking through it matches the set cost.
   const auto i = static_cast<std::size_t>(v);
   const std::int32_t g = groups_.group[i];
-  inputs.assign(graph_.nodes[i].inputs.begin(), graph_.nodes[i].inputs.end());
-  std::sort(inputs.begin(), inputs.end());
-  inputs.erase(std::unique(inputs.begin(), inputs.end()), inputs.end());
+  const auto replayed_view = [&](std::int32_t x) {
+    const std::int32_t x_in = network.in_vertex[static_cast<std::size_t>(x)];
+    return candidate_[static_cast<std::size_t>(x)] && x_in != kNone && x_in != kSource && x_in != kSink;
+  };
+  inputs = group_member_reads(graph_, groups_, v, replayed_view);
   for (auto u : inputs) {
     const double read = lambda * read_seconds(graph_, u, options_.cost);
     if (read <= 0.0) continue;
@@ -631,7 +636,8 @@ double Solver::set_seconds(const std::vector<std::int32_t>& recomputed, bool bia
                     : (g >= 0 ? member_seconds(graph_, groups_, v, options_.cost)
                               : recompute_seconds(graph_, v, options_.cost));
     if (g < 0) continue;
-    for (auto u : graph_.nodes[i].inputs) {
+    const auto replayed = [&](std::int32_t x) { return in_set[static_cast<std::size_t>(x)] != 0; };
+    for (auto u : group_member_reads(graph_, groups_, v, replayed)) {
       const auto x = static_cast<std::size_t>(u);
       if (in_set[x] && groups_.group[x] == g) continue;
       if (reads.emplace(u, g).second) total += read_seconds(graph_, u, options_.cost);

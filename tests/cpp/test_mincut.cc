@@ -609,15 +609,10 @@ struct Model {
       bytes[i] = node.symint ? 1.0 : static_cast<double>(node.output_bytes());
       if (tags[i] == Policy::PreferRecompute) bytes[i] *= options.prefer_recompute_factor;
       if (group[i] >= 0) {
-        // FLOPs, plus the write when some user is outside the group (views write nothing).
-        bool leaves = false;
-        for (const auto& user : g.nodes)
-          for (auto x : user.inputs)
-            if (static_cast<std::size_t>(x) == i && group[static_cast<std::size_t>(&user - g.nodes.data())] != group[i])
-              leaves = true;
+        // FLOPs, plus the write when the value leaves the group (views write nothing).
         seconds[i] = node.flops / options.cost.hardware.peak_flops +
-                     (leaves && !node.view ? static_cast<double>(node.output_bytes()) / options.cost.hardware.memory_bandwidth
-                                           : 0.0);
+                     (leaves(i) && !node.view ? static_cast<double>(node.output_bytes()) / options.cost.hardware.memory_bandwidth
+                                              : 0.0);
       } else {
         seconds[i] = recompute_seconds(g, static_cast<std::int32_t>(i), options.cost);
       }
@@ -626,6 +621,27 @@ struct Model {
   }
   bool network(std::int32_t i) const {
     return g.nodes[static_cast<std::size_t>(i)].is_forward() && !free[static_cast<std::size_t>(i)];
+  }
+  // A group member's value leaves its kernel: some user outside the group, or a
+  // view/getitem of it in the group whose own value leaves.
+  bool leaves(std::size_t i) const {
+    for (std::size_t u = 0; u < g.nodes.size(); ++u)
+      for (auto x : g.nodes[u].inputs)
+        if (static_cast<std::size_t>(x) == i &&
+            (group[u] != group[i] || ((is_view_like(g.nodes[u]) || is_getitem(g.nodes[u])) && leaves(u))))
+          return true;
+    return false;
+  }
+  // What replayed member k reads: a view reads nothing; others read their
+  // inputs, through replayed views of the same group.
+  void reads_of(std::size_t k, const std::vector<char>& replayed, std::set<std::int32_t>& out) const {
+    for (auto x : g.nodes[k].inputs) {
+      auto u = static_cast<std::size_t>(x);
+      if (replayed[u] && group[u] == group[k] && is_view_like(g.nodes[u]))
+        reads_of(u, replayed, out);
+      else
+        out.insert(x);
+    }
   }
   double cost(const std::vector<char>& recompute) const {
     const std::size_t n = g.nodes.size();
@@ -653,8 +669,10 @@ struct Model {
     // unless the input is replayed in the same group.
     std::set<std::pair<std::int32_t, int>> reads;
     for (std::size_t k = 0; k < n; ++k) {
-      if (!replayed[k] || group[k] < 0) continue;
-      for (auto x : g.nodes[k].inputs) {
+      if (!replayed[k] || group[k] < 0 || is_view_like(g.nodes[k])) continue;
+      std::set<std::int32_t> read;
+      reads_of(k, replayed, read);
+      for (auto x : read) {
         auto u = static_cast<std::size_t>(x);
         if (replayed[u] && group[u] == group[k]) continue;
         if (g.nodes[u].symint || !reads.emplace(x, group[k]).second) continue;
@@ -1256,4 +1274,42 @@ TEST_CASE("a replayable RNG op is recomputed when its state costs less than its 
     MinCutResult r = solve_min_cut(g, net.tags(Policy::PreferRecompute), gpu(1.0));
     CHECK(net.names(r.saved) == Names{"drop"});
   }
+}
+
+TEST_CASE("under inductor a view is no kernel: replayed views read nothing, and a copy behind views is written",
+          "[mincut][fusion]") {
+  // Attention output (GPT-NeoX): o = bmm(p, v); c = clone(permute(view(o)));
+  // the projection's input is view(view(c)), which the backward's weight
+  // gradient reads too. Saving c keeps the same bytes as saving o and replays
+  // nothing; saving o replays the copy, which reads o and writes c.
+  Net net;
+  const std::int64_t N = 4096;
+  net.input("p", 4 * N);
+  net.input("v", N);
+  net.input("w", N, Role::Parameter);
+  net.fw("o", "aten::bmm.default", {"p", "v"}, N, 1e6);
+  net.view("o4", "o", N);
+  net.view("perm", "o4", N);
+  net.fw("c", "aten::clone.default", {"perm"}, N);
+  net.view("c3", "c", N);
+  net.view("c2", "c3", N);
+  net.fw("proj", "aten::mm.default", {"c2", "w"}, N, 1e6);
+  for (const char* name : {"o4", "perm", "c", "c3", "c2"}) net.node(name).fusible = true;
+  net.tangent("t", N);
+  net.bw("gw", {"t", "c2"});
+  net.output({"proj", "gw"});
+  Graph g = net.graph();
+  auto tags = net.tags(Policy::PreferRecompute, {{"o", Policy::PreferSave}, {"proj", Policy::MustSave}});
+  MinCutOptions options = gpu(2.5e11);  // bandwidth / 4
+  options.cost.compiler = Compiler::Inductor;
+  MinCutResult r = solve_min_cut(g, tags, options);
+  CHECK(net.names(r.saved) == Names{"c"});
+  CHECK(net.names(r.recomputed) == Names{"c3", "c2"});
+  // The copy's replay: one read of o, one write of c (the views c3, c2 leave
+  // the group through the mm and the backward); the views cost nothing.
+  const double bandwidth = options.cost.hardware.memory_bandwidth;
+  std::vector<std::int32_t> copy_replay{net.at("o4"), net.at("perm"), net.at("c"), net.at("c3"), net.at("c2")};
+  CHECK(recompute_seconds(g, copy_replay, options.cost) == Approx(2.0 * N / bandwidth));
+  CHECK(recompute_seconds(g, {net.at("c3"), net.at("c2")}, options.cost) == 0.0);
+  CHECK(fusion_groups(g, options.cost).materialized[static_cast<std::size_t>(net.at("c"))]);
 }

@@ -10,14 +10,19 @@
 //   replayed as one kernel. Replaying a subset R of a group costs
 //     sum over v in R of flops(v) / peak_flops
 //   + sum over v in R whose output leaves the kernel (a user outside the group:
-//     a non-fusible op, the backward, the graph output) of bytes(v) / bandwidth
+//     a non-fusible op, the backward, the graph output; or a user that is a
+//     view or getitem of v in the group whose own output leaves) of
+//     bytes(v) / bandwidth; views and getitems write nothing
 //   + sum over the distinct inputs u read by R and not themselves in R of
-//     bytes(u) / bandwidth (each read once per group).
+//     bytes(u) / bandwidth (each read once per group), where a view is no
+//     kernel: a replayed view reads nothing, and its replayed reader reads
+//     through it (group_member_reads).
 //   Non-fusible nodes keep the roofline. docs/mincut.md shows how this enters
 //   the min-cut network exactly.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "hyper_ac/config.h"
@@ -45,7 +50,8 @@ struct FusionGroups {
   // call_function, eager compiler).
   std::vector<std::int32_t> group;
   // Per node: a replay writes its output to memory (some user is outside the
-  // node's group). Meaningful for group members only.
+  // node's group, directly or through views/getitems of it in the group).
+  // Meaningful for group members only.
   std::vector<char> materialized;
   std::size_t count = 0;  // number of groups
 };
@@ -63,6 +69,15 @@ double recompute_seconds(const Graph& graph, std::int32_t node, const CostOption
 // Seconds a group member's replay costs apart from its reads: its FLOPs plus
 // its write when materialized (0 write for views). Throws std::out_of_range.
 double member_seconds(const Graph& graph, const FusionGroups& groups, std::int32_t node, const CostOptions& options);
+
+// The values a replay of group member `node` reads from memory, sorted and
+// unique: its inputs, where an input that is a view (is_view_like) of the same
+// group for which `replayed_view` holds is looked through to its own inputs,
+// recursively (the view is replayed too, as an alias: the reader reads its
+// base). A view member reads nothing itself (empty). Inputs the same kernel
+// produces are the caller's to skip. Throws std::out_of_range.
+std::vector<std::int32_t> group_member_reads(const Graph& graph, const FusionGroups& groups, std::int32_t node,
+                                             const std::function<bool(std::int32_t)>& replayed_view);
 
 // Seconds of reading value `node` once from memory (its output bytes /
 // bandwidth); 0 for SymInt nodes.
