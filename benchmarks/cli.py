@@ -84,6 +84,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fx-runner", choices=["boxed", "plain"], default="boxed",
                         help="compiled strategies run their modules as boxed FX code that frees inputs at last use "
                              "(default, like Inductor) or as the backend's own runner (plain)")
+    parser.add_argument("--buffer-reuse", choices=["auto", "inductor", "none"], default=None,
+                        help="config key buffer_reuse of every hyper_ac strategy (default: the config's own, auto)")
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
     if args.paired_rounds < 0:
@@ -157,7 +159,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if "step" in args.parts:
         log(f"step benchmark: {len(models)} model(s) x {len(strategies)} strategies, {spec}")
         step_opts = StepOptions(spec, timed_steps=args.steps or timed, runner=args.fx_runner,
-                                paired_rounds=args.paired_rounds)
+                                paired_rounds=args.paired_rounds, buffer_reuse=args.buffer_reuse)
         step_rows, extras = run_step_benchmark(models, strategies, step_opts, log)
         pareto = run_pareto(extras, log)
         del extras
@@ -197,6 +199,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "threads": torch.get_num_threads(),
         "core_repeat": scaling_opts.core_repeat,
         "fx_runner": args.fx_runner,
+        "buffer_reuse": args.buffer_reuse or "auto",
     }
     if step_rows:
         _write_csv(out_dir / "results.csv", step_rows, STEP_COLUMNS)

@@ -300,12 +300,18 @@ def hac_config(mode: str) -> dict:
     return mode_config(mode)
 
 
-def hac_strategy_config(strategy: str) -> Any:
-    """The validated config of a hyper_ac strategy, with its compiler set."""
+def hac_strategy_config(strategy: str, buffer_reuse: Optional[str] = None) -> Any:
+    """The validated config of a hyper_ac strategy, with its compiler set (and
+    ``buffer_reuse``, the config key, when given)."""
     from hyper_ac.config import load_config
 
     mode, compiler, _ = HAC_STRATEGIES[strategy]
-    return load_config(hac_config(mode)).with_compiler(compiler)
+    config = hac_config(mode)
+    if buffer_reuse is not None and "activation_checkpoint" in config:
+        config = {**config, "activation_checkpoint": {**config["activation_checkpoint"], "buffer_reuse": buffer_reuse}}
+    elif buffer_reuse is not None:  # the flat form
+        config = {**config, "ac_buffer_reuse": buffer_reuse}
+    return load_config(config).with_compiler(compiler)
 
 
 def budget_fraction() -> float:

@@ -147,8 +147,10 @@ def _find_aot_backend(backend: Any) -> Any:
     return backend
 
 
-def _make_step_fn(strategy: str, model: Any, probe: _Probe, runner: str = "boxed") -> Callable:
-    """A callable ``fn(**batch)`` running the model's forward under ``strategy``."""
+def _make_step_fn(strategy: str, model: Any, probe: _Probe, runner: str = "boxed",
+                  buffer_reuse: Optional[str] = None) -> Callable:
+    """A callable ``fn(**batch)`` running the model's forward under ``strategy``
+    (``buffer_reuse``: the hyper_ac config key, None for its default)."""
     import torch
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch import partitioners
@@ -169,7 +171,7 @@ def _make_step_fn(strategy: str, model: Any, probe: _Probe, runner: str = "boxed
         import hyper_ac
 
         _, compiler, _ = HAC_STRATEGIES[strategy]
-        backend = hyper_ac.backend(hac_strategy_config(strategy), model=model, compiler=compiler,
+        backend = hyper_ac.backend(hac_strategy_config(strategy, buffer_reuse), model=model, compiler=compiler,
                                    on_result=probe.results.append)
         if strategy in INDUCTOR or strategy in CKPT:
             # Measured as a user runs it: peak, step time, gradients and the plan

@@ -28,6 +28,7 @@ class StepOptions:
     timed_steps: int = 3
     runner: str = "boxed"  # how compiled strategies run their fw/bw modules: "boxed" or "plain" (see hyper_ac.backends.boxed_fx_compiler)
     paired_rounds: int = 10  # inductor_* cells: rounds of interleaved stock/strategy steps (0: sequential ratio only)
+    buffer_reuse: Optional[str] = None  # hyper_ac strategies: config key buffer_reuse (None: the config's default)
 
 
 def _quantile(xs: Sequence[float], q: float) -> float:
@@ -128,7 +129,7 @@ def run_strategy(name: str, strategy: str, opts: StepOptions) -> tuple[dict, Opt
     probe = _Probe()
     probe.exclude = _storage_ptrs([*model.parameters(), *model.buffers(), *batch.values()])
     with _quiet(), functorch_config.patch(enable_autograd_cache=False):
-        fn = _make_step_fn(strategy, model, probe, opts.runner)
+        fn = _make_step_fn(strategy, model, probe, opts.runner, opts.buffer_reuse)
 
         def step() -> Any:
             out = fn(**batch)  # held until backward() returns, as a loop that keeps `outputs` does
