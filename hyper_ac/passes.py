@@ -121,10 +121,14 @@ class PassResult:
         )
 
     def report(self) -> None:
-        """The plan's warnings as Python warnings (attributed to the caller's caller), the rest and the summary to the log."""
+        """The plan's warnings as Python warnings (attributed to the caller's caller), the rest and the summary to the log.
+
+        Each warning names hyper_ac: under ``torch.compile`` the caller's caller is a frame inside
+        torch's AOT partitioner, so the message is all that tells a user where it comes from.
+        """
         for diagnostic in self.diagnostics:
             if diagnostic["level"] == "warning":
-                warnings.warn(diagnostic["message"], stacklevel=3)
+                warnings.warn(f"hyper_ac: {diagnostic['message']}", stacklevel=3)
             else:
                 _LOG.info("%s", diagnostic["message"])
         _LOG.info("%s", self.summary())

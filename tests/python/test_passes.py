@@ -532,3 +532,16 @@ def test_backend_runs_the_adapter_hook_when_created(hooked_adapter):
     reference = copy.deepcopy(model)
     _assert_same(_eager_step(reference, batch), _compiled_step(model, batch, {"ac_mode": "full"})[:2])
     assert hooked_adapter == [model] and callable(backend)
+
+
+def test_plan_warnings_name_hyper_ac():
+    # Under torch.compile the warning is attributed to a frame in torch's partitioner
+    # (torch/_functorch/...), so its text must say it comes from hyper_ac.
+    from hyper_ac.passes import PassResult
+
+    result = PassResult(mode="budget", plan={"diagnostics": [
+        {"level": "warning", "message": "memory budget 1 MiB (simulated peak) cannot be met"}]})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result.report()
+    assert [str(w.message) for w in caught] == ["hyper_ac: memory budget 1 MiB (simulated peak) cannot be met"]
