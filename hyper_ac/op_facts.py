@@ -221,6 +221,20 @@ def _cpu_state_bytes() -> int:
     return _STATE_BYTES["cpu"]
 
 
+def draws_random(node: fx.Node, facts: OpFacts) -> bool:
+    """Whether this call of a random op (``facts.rng``) draws: an attention op
+    whose ``dropout_p`` is 0 (given as 0 or left at its default) draws nothing
+    and leaves the generator where it was, so it is as deterministic as a
+    matmul (replaying it needs no saved state)."""
+    if not facts.rng:
+        return False
+    if "dropout_p" in facts.arg_names:
+        p = _arg_value(node, facts, facts.arg_names.index("dropout_p"))
+        if p is None or (isinstance(p, (int, float)) and not isinstance(p, bool) and p == 0):
+            return False
+    return True
+
+
 def rng_state_bytes(node: fx.Node) -> int:
     """Bytes of the generator state a replay of random op ``node`` keeps; 0 = not replayable.
 

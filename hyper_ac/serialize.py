@@ -8,7 +8,8 @@ Every fact is computed from torch, never guessed:
 * ``mutated_inputs`` / ``aliased_inputs`` / ``view``: from the OpOverload's
   schema alias annotations, mapped to positions in the node's ``inputs``
   (= ``node.all_input_nodes``); ``operator.getitem`` aliases its producer.
-* ``rng``: ``torch.Tag.nondeterministic_seeded`` (plus the RNG higher-order ops).
+* ``rng``: ``torch.Tag.nondeterministic_seeded`` (plus the RNG higher-order ops), except a
+  call that draws nothing (attention with ``dropout_p`` 0: :func:`hyper_ac.op_facts.draws_random`).
 * ``rng_state_bytes``: on a random op that can be replayed from a saved
   generator state (:func:`hyper_ac.op_facts.rng_state_bytes`), that state's size.
 * ``symint``: ``meta["val"]`` is a ``SymInt``/``SymFloat``/``SymBool``.
@@ -37,7 +38,7 @@ from hyper_ac import _core
 from hyper_ac._gc import paused_gc
 from hyper_ac.annotate import phase_of
 from hyper_ac.op_facts import (_PY_SYM_TYPES, _flops, _output_facts, _positions, is_exact_copy, may_be_exact_copy,
-                               op_facts, rng_state_bytes, target_name)
+                               draws_random, op_facts, rng_state_bytes, target_name)
 
 __all__ = [
     "FORMAT",
@@ -289,7 +290,7 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
                     aliased_inputs = [0]  # the producer's element (same storage)
                 extra.append(("fusible", True))
             else:
-                rng = facts.rng
+                rng = draws_random(node, facts)
                 if rng:
                     state_bytes = rng_state_bytes(node)
                     if state_bytes:

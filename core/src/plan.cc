@@ -506,6 +506,18 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
          "activation checkpointing matched scope [" + joined(result.scope.regions) +
              "] but recomputed no node; the model may already be wrapped by eager checkpointing, or "
              "every candidate was pinned to save"});
+  // full and selective replay what the mode says even where that buys no memory
+  // (the step's peak is set elsewhere, say by the gradients): say so, since the
+  // recompute is then pure cost. auto compares with stock; budget reports its target.
+  if ((config.mode == Mode::Full || config.mode == Mode::Selective) && !result.remat.duplicates.empty() &&
+      result.stats.simulated_peak_after >= result.stats.simulated_peak_before)
+    result.diagnostics.push_back(
+        {Severity::Warning, -1,
+         std::string("mode ") + to_string(config.mode) + " replays " + std::to_string(result.remat.duplicates.size()) +
+             " nodes but does not lower the simulated peak (" + format_bytes(result.stats.simulated_peak_before) +
+             " before, " + format_bytes(result.stats.simulated_peak_after) +
+             " after): the step's peak is not set by the activations it recomputes, so the recompute is pure "
+             "cost here; mode auto keeps the lower of its plan and the stock partition"});
   if (options.record_timeline) record_timeline(graph, result);
   result.timings.total_seconds = seconds_since(started);
   return result;

@@ -238,6 +238,31 @@ def test_dropout_is_rng():
     assert rng_targets == {"aten::native_dropout.default"}
 
 
+def test_attention_without_dropout_draws_nothing():
+    # The CPU flash kernel's schema is nondeterministic_seeded (its dropout_p), but at dropout_p 0 it
+    # draws nothing and leaves the generator alone: replaying it needs no saved state.
+    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    q = torch.randn(1, 2, 8, 4)
+    before = torch.get_rng_state()
+    op(q, q, q, 0.0)
+    assert torch.equal(before, torch.get_rng_state())
+    g = fx.Graph()
+    x = g.placeholder("x")
+    defaulted, zero = g.call_function(op, (x, x, x)), g.call_function(op, (x, x, x, 0.0))
+    dropping = g.call_function(op, (x, x, x), {"dropout_p": 0.1})
+    dropout = g.call_function(torch.ops.aten.native_dropout.default, (x, 0.0, True))  # no dropout_p: stays random
+    facts = op_facts.op_facts(op)
+    assert facts.rng
+    assert not op_facts.draws_random(defaulted, facts) and not op_facts.draws_random(zero, facts)
+    assert op_facts.draws_random(dropping, facts)
+    assert op_facts.draws_random(dropout, op_facts.op_facts(torch.ops.aten.native_dropout.default))
+    # ... and in a captured graph: TinyTransformer (SDPA) at dropout 0 runs that kernel, not marked rng
+    model = models.build("transformer", use_sdpa=True)
+    doc = serialize_graph(capture.capture_joint(model, **models.example_batch("transformer")).graph_module, model)
+    flash = [n for n in doc["nodes"] if n["target"] == "aten::_scaled_dot_product_flash_attention_for_cpu.default"]
+    assert flash and not any(n["rng"] or "rng_state_bytes" in n for n in flash)
+
+
 # --------------------------------------------------------------------------
 # small known ops (traced without functionalisation, so in-place ops survive)
 # --------------------------------------------------------------------------
