@@ -545,3 +545,23 @@ def test_plan_warnings_name_hyper_ac():
         warnings.simplefilter("always")
         result.report()
     assert [str(w.message) for w in caught] == ["hyper_ac: memory budget 1 MiB (simulated peak) cannot be met"]
+
+
+def test_full_and_selective_warn_when_the_recompute_buys_no_memory():
+    # An MLP with 512-wide layers at batch 1: the weights' gradients set the peak, and
+    # replaying the ReLUs lowers nothing. The plan says so; where activations matter, it is quiet.
+    model = models.build("mlp", 2, dim=8, hidden=512)
+    gm = capture_joint(model, **models.example_batch("mlp", batch=1, dim=8)).graph_module
+    for mode in ("full", "selective"):
+        result = hyper_ac.plan(gm, {"ac_mode": mode}, model=model)
+        assert result.stats["nodes_duplicated"] > 0
+        assert result.stats["simulated_peak_after"] == result.stats["simulated_peak_before"]
+        assert [d["message"] for d in result.diagnostics if d["level"] == "warning"] == [
+            f"mode {mode} replays {result.stats['nodes_duplicated']} nodes but does not lower the simulated peak "
+            "(2.07 MiB before, 2.07 MiB after): the step's peak is not set by the activations it recomputes, so the "
+            "recompute is pure cost here; mode auto keeps the lower of its plan and the stock partition"]
+    model = models.build("transformer", 2, max_seq=128)
+    gm = capture_joint(model, **models.example_batch("transformer", batch=4, seq=128)).graph_module
+    result = hyper_ac.plan(gm, {"ac_mode": "full"}, model=model)
+    assert result.stats["simulated_peak_after"] < result.stats["simulated_peak_before"]
+    assert not [d for d in result.diagnostics if d["level"] == "warning"]
