@@ -306,12 +306,11 @@ def hac_strategy_config(strategy: str, buffer_reuse: Optional[str] = None) -> An
     from hyper_ac.config import load_config
 
     mode, compiler, _ = HAC_STRATEGIES[strategy]
-    config = hac_config(mode)
-    if buffer_reuse is not None and "activation_checkpoint" in config:
-        config = {**config, "activation_checkpoint": {**config["activation_checkpoint"], "buffer_reuse": buffer_reuse}}
-    elif buffer_reuse is not None:  # the flat form
-        config = {**config, "ac_buffer_reuse": buffer_reuse}
-    return load_config(config).with_compiler(compiler)
+    config = load_config(hac_config(mode)).with_compiler(compiler)
+    if buffer_reuse is None:
+        return config
+    section = {**config.data["activation_checkpoint"], "buffer_reuse": buffer_reuse}  # the canonical form is nested
+    return load_config({**config.data, "activation_checkpoint": section})
 
 
 def budget_fraction() -> float:

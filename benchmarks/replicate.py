@@ -292,13 +292,6 @@ def _summary(gm) -> dict:
     return dict(_core.graph_summary(to_json(gm)))
 
 
-def copy_graph_module(gm):
-    """A cheap copy for a planner to mutate (node meta dicts copied shallowly; hyper_ac._fx)."""
-    from hyper_ac._fx import copy_graph_module as copy
-
-    return copy(gm)
-
-
 def same_structure(a, b) -> bool:
     """Two joint graphs with the same node count, phase split and operator multiset."""
     from hyper_ac.op_facts import target_name

@@ -10,8 +10,9 @@ from typing import Any, Callable
 
 from benchmarks.common import (ScalingOptions, _best, _first_line, _progress, _quiet, _ratio, _solve_seconds, best_plan,
                                cli_timings, hac_config)
-from benchmarks.replicate import _summary, copy_graph_module, replicate_layers, replicate_layers_json, same_structure
+from benchmarks.replicate import _summary, replicate_layers, replicate_layers_json, same_structure
 from benchmarks.flow import run_flow_comparison
+from hyper_ac._fx import copy_graph_module
 
 # --------------------------------------------------------------------------
 # part 2b: planning time vs graph size

@@ -74,7 +74,6 @@ def copy_node(graph: fx.Graph, node: fx.Node, args: tuple, kwargs: dict, *,
     return new
 
 
-
 def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
     """A copy of ``gm`` that a partitioner may edit: every node copied (same names,
     meta dicts copied shallowly), the module's attributes (parameters, tensor
@@ -87,6 +86,7 @@ def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
     for node in gm.graph.nodes:
         env[node] = copy_node(graph, node, fx.map_arg(node.args, get), fx.map_arg(node.kwargs, get))
     return fx.GraphModule(gm, graph)
+
 
 def placeholder(graph: fx.Graph, name: str, meta: dict) -> fx.Node:
     """``node = graph.placeholder(name); node.meta = meta`` (the same dict), without
