@@ -42,6 +42,7 @@ from benchmarks.common import DEFAULT_MODELS, INDUCTOR, ModelSpec, QUICK_MODELS,
 from benchmarks.step import StepOptions, run_pareto, run_step_benchmark
 from benchmarks.scaling import run_scaling
 from benchmarks.report import STEP_COLUMNS, _write_csv, render_markdown, render_plots
+from benchmarks.provenance import code_commit, machine_load
 
 #: The committed results (results.md, CSVs, plots) a full run writes.
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -111,6 +112,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     import torch
 
     started = time.perf_counter()
+    commit, load = code_commit(), machine_load()
     out_dir = output_dir(args)
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -187,9 +189,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         tf_version = "-"
     meta = {
         "command": "python -m benchmarks " + " ".join(argv),
+        "commit": commit,
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU threads, {platform.python_implementation()} "
                    f"{platform.python_version()}",
+        "load": load,
         "torch": torch.__version__,
         "transformers": tf_version,
         "spec": dataclasses.asdict(spec),
