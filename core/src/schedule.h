@@ -103,8 +103,7 @@ void validate_plan(const Graph& graph, const NodeIndex& index, const RematPlan& 
                    FlatSchedule* schedule_out = nullptr);
 SimulateResult simulate_memory(const Graph& graph, const NodeIndex& index, const RematPlan* plan,
                                const SimulateOptions& options);
-// simulate_memory over a schedule already built (flat_schedule of the plan, or
-// original_flat_schedule).
+// simulate_memory over a schedule already built (flat_schedule of a plan).
 SimulateResult simulate_memory(const Graph& graph, const NodeIndex& index, const FlatSchedule& schedule,
                                const SimulateOptions& options);
 

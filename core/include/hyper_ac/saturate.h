@@ -1,5 +1,5 @@
-// Saturating arithmetic for byte counts and float totals (docs/architecture.md,
-// "Numbers at the edges"). Byte counts are non-negative int64s: a sum that
+// Saturating arithmetic for byte counts and float totals (docs/graph-format.md,
+// the tensor fact; docs/config.md, `memory_budget`). Byte counts are non-negative int64s: a sum that
 // would pass INT64_MAX stays at INT64_MAX (about 8 EiB, more than any real
 // device) instead of wrapping negative. Float totals (FLOPs, seconds) stay at
 // the largest finite double instead of becoming infinite.
