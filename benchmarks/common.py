@@ -169,7 +169,8 @@ def graph_flops(gm) -> float:
     """Sum of flop_counter-registry FLOPs over the call_function nodes of ``gm``."""
     import torch
 
-    from hyper_ac import op_facts, serialize
+    from hyper_ac.frontend import op_facts
+    from hyper_ac.frontend import serialize
 
     total = 0.0
     for node in gm.graph.nodes:
@@ -255,7 +256,7 @@ def cli_timings(text: str, mode: str, repeat: int = 1) -> Optional[dict]:
     import subprocess
     import tempfile
 
-    from hyper_ac.config import load_config, op_policy_json
+    from hyper_ac.planning.config import load_config, op_policy_json
 
     cli = plan_cli()
     if cli is None:
@@ -293,7 +294,7 @@ def _solve_seconds(plan: dict) -> Optional[float]:
 
 def hac_config(mode: str) -> dict:
     """The config of one hyper_ac mode (the budget from the ``budget`` preset)."""
-    from hyper_ac.config import mode_config
+    from hyper_ac.planning.config import mode_config
 
     if mode == "output_recompute":
         return {"activation_checkpoint": {"mode": "full", "regions": {"output_recompute": True}}}
@@ -303,7 +304,7 @@ def hac_config(mode: str) -> dict:
 def hac_strategy_config(strategy: str, buffer_reuse: Optional[str] = None) -> Any:
     """The validated config of a hyper_ac strategy, with its compiler set (and
     ``buffer_reuse``, the config key, when given)."""
-    from hyper_ac.config import load_config
+    from hyper_ac.planning.config import load_config
 
     mode, compiler, _ = HAC_STRATEGIES[strategy]
     config = load_config(hac_config(mode)).with_compiler(compiler)

@@ -91,8 +91,8 @@ def run_flow_comparison(graphs: list, opts: ScalingOptions, log: Callable[[str],
     import networkx as nx
 
     from hyper_ac import _core
-    from hyper_ac.config import op_policy_json
-    from hyper_ac.serialize import serialize_graph, to_json
+    from hyper_ac.planning.config import op_policy_json
+    from hyper_ac.frontend.serialize import serialize_graph, to_json
 
     config_json = hac_strategy_config("auto").to_json()
     policy_json = op_policy_json()

@@ -83,7 +83,7 @@ def _instrument(aot_backend: Any, probe: _Probe, *, snapshot: bool = False, budg
 
     kwargs = _find_aot_backend(aot_backend).kwargs
     if runner == "boxed":
-        from hyper_ac.backends import boxed_fx_compiler
+        from hyper_ac.lower.backends import boxed_fx_compiler
 
         kwargs["fw_compiler"] = kwargs["bw_compiler"] = boxed_fx_compiler
     inner_partition = kwargs["partition_fn"]

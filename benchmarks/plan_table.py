@@ -14,8 +14,8 @@ import warnings
 
 import hyper_ac
 from hyper_ac import models
-from hyper_ac.capture import capture_joint
-from hyper_ac.config import mode_config
+from hyper_ac.frontend.capture import capture_joint
+from hyper_ac.planning.config import mode_config
 
 MODES = ("full", "selective", "auto", "budget")
 

@@ -157,7 +157,7 @@ def replicate_layers(gm, num_fwd_outputs: int, k: int):
         return None
 
     def target(n):
-        from hyper_ac.op_facts import target_name
+        from hyper_ac.frontend.op_facts import target_name
 
         return target_name(n) if n.op == "call_function" else str(n.target)
 
@@ -287,14 +287,14 @@ def replicate_layers_json(doc: dict, k: int, accumulating_ids: Iterable[int] = (
 def _summary(gm) -> dict:
     """The core's graph summary (counts, activation bytes read by backward, FLOPs)."""
     from hyper_ac import _core
-    from hyper_ac.serialize import to_json
+    from hyper_ac.frontend.serialize import to_json
 
     return dict(_core.graph_summary(to_json(gm)))
 
 
 def same_structure(a, b) -> bool:
     """Two joint graphs with the same node count, phase split and operator multiset."""
-    from hyper_ac.op_facts import target_name
+    from hyper_ac.frontend.op_facts import target_name
 
     def sig(gm):
         c = Counter()

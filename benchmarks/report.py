@@ -409,7 +409,7 @@ def summarize_targets(scaling: list[dict], core_rows: list[dict], flow_rows: lis
 MEMORY_TRUTH_NOTES = """Why simulated and measured differ:
 
 - **Runner (the big one, fixed here).** Compiled strategies run their forward/backward modules with the boxed FX
-  runner (`--fx-runner boxed`, `hyper_ac.backends.boxed_fx_compiler`): the generated code clears its argument list,
+  runner (`--fx-runner boxed`, `hyper_ac.lower.backends.boxed_fx_compiler`): the generated code clears its argument list,
   so a saved activation is freed after its last use in the backward, as Inductor's code does. With
   `make_boxed_func(gm.forward)` (`--fx-runner plain`: torch's `boxed_nop`; `hyper_ac.backend(compiler="eager")` runs boxed code since this was measured)
   the caller's frame holds the list until the backward returns: every saved activation stays alive while all

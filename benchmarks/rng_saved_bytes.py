@@ -20,7 +20,7 @@ import transformers
 from benchmarks.provenance import code_commit, machine_load
 from benchmarks.report import provenance_header
 from hyper_ac import models, plan
-from hyper_ac.capture import capture_joint
+from hyper_ac.frontend.capture import capture_joint
 
 SEQ, BATCH, HIDDEN, HEADS = 128, 4, 128, 4
 

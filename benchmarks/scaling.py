@@ -12,7 +12,7 @@ from benchmarks.common import (ScalingOptions, _best, _first_line, _progress, _q
                                cli_timings, hac_config)
 from benchmarks.replicate import _summary, replicate_layers, replicate_layers_json, same_structure
 from benchmarks.flow import run_flow_comparison
-from hyper_ac._fx import copy_graph_module
+from hyper_ac.lower._fx import copy_graph_module
 
 # --------------------------------------------------------------------------
 # part 2b: planning time vs graph size
@@ -23,7 +23,7 @@ from hyper_ac._fx import copy_graph_module
 def _capture_transformer(layers: int, dim: int, seq: int):
     import torch
 
-    from hyper_ac.capture import capture_joint
+    from hyper_ac.frontend.capture import capture_joint
     from hyper_ac.models import build
 
     model = build("transformer", layers, dim=dim, heads=4, max_seq=seq)
@@ -69,8 +69,8 @@ def time_hyper_ac(gm, num_fwd_outputs: int, mode: str = "auto", codegen: str = "
     which builds both modules in one pass. Each on its own copy of the graph.
     """
     import hyper_ac
-    from hyper_ac.apply import apply_plan
-    from hyper_ac.partition import partition_joint
+    from hyper_ac.lower.apply import apply_plan
+    from hyper_ac.lower.partition import partition_joint
 
     config = hac_config(mode)
     g = copy_graph_module(gm)
@@ -195,7 +195,7 @@ def lean_document(doc: dict) -> dict:
 def run_core_only(template, opts: ScalingOptions, log: Callable[[str], None]) -> list[dict]:
     """The C++ core alone on a ~``core_nodes`` graph JSON built in Python (replicated layers)."""
     from hyper_ac import _core
-    from hyper_ac.serialize import serialize_graph
+    from hyper_ac.frontend.serialize import serialize_graph
 
     rows: list[dict] = []
     doc = serialize_graph(template.graph_module)
@@ -204,7 +204,7 @@ def run_core_only(template, opts: ScalingOptions, log: Callable[[str], None]) ->
     per_layer = len(replicate_layers_json(doc, opts.template_layers + 1, acc)["nodes"]) - base
     k = max(opts.template_layers, opts.template_layers + int(math.ceil((opts.core_nodes - base) / max(per_layer, 1))))
     t0 = time.perf_counter()
-    from hyper_ac import serialize
+    from hyper_ac.frontend import serialize
 
     wire = getattr(serialize, "compact", lean_document)  # the form to_json sends the core
     big = wire(replicate_layers_json(doc, k, acc))

@@ -26,7 +26,7 @@ _MEASURED_STEP_SEED = 1234
 class StepOptions:
     spec: ModelSpec
     timed_steps: int = 3
-    runner: str = "boxed"  # how compiled strategies run their fw/bw modules: "boxed" or "plain" (see hyper_ac.backends.boxed_fx_compiler)
+    runner: str = "boxed"  # how compiled strategies run their fw/bw modules: "boxed" or "plain" (see hyper_ac.lower.backends.boxed_fx_compiler)
     paired_rounds: int = 10  # inductor_* cells: rounds of interleaved stock/strategy steps (0: sequential ratio only)
     buffer_reuse: Optional[str] = None  # hyper_ac strategies: config key buffer_reuse (None: the config's default)
 
@@ -358,7 +358,7 @@ def run_pareto(extras: dict, log: Callable[[str], None]) -> dict:
     """hyper_ac.pareto on each model's joint graph (snapshot taken by the `none` run),
     and the per-unit timeline of ``full`` and ``output_recompute`` on it."""
     import hyper_ac
-    from hyper_ac.annotate import annotate_joint
+    from hyper_ac.frontend.annotate import annotate_joint
 
     out: dict = {}
     for name, ((joint, num_fwd_outputs), model) in extras.get("joint", {}).items():

@@ -13,19 +13,19 @@ from typing import Any
 __version__ = "0.1.0"
 
 # Submodules import torch; load them on first use so `import hyper_ac` is cheap.
-# `hyper_ac.capture`, `hyper_ac.serialize`, `hyper_ac.memory` and
+# `hyper_ac.frontend.capture`, `hyper_ac.frontend.serialize`, `hyper_ac.memory` and
 # `hyper_ac.eager` are modules, imported as usual.
 _LAZY = {
-    "ActivationCheckpointPass": ("hyper_ac.passes", "ActivationCheckpointPass"),
-    "backend": ("hyper_ac.backends", "backend"),
-    "GraphPass": ("hyper_ac.pipeline", "GraphPass"),
-    "PassOrderError": ("hyper_ac.pipeline", "PassOrderError"),
-    "PassPipeline": ("hyper_ac.pipeline", "PassPipeline"),
-    "prepare_activation_checkpoint": ("hyper_ac.passes", "prepare_activation_checkpoint"),
-    "validate_for_model": ("hyper_ac.passes", "validate_for_model"),
-    "load_config": ("hyper_ac.config", "load_config"),
-    "pareto": ("hyper_ac.passes", "pareto"),
-    "plan": ("hyper_ac.passes", "plan"),
+    "ActivationCheckpointPass": ("hyper_ac.planning.passes", "ActivationCheckpointPass"),
+    "backend": ("hyper_ac.lower.backends", "backend"),
+    "GraphPass": ("hyper_ac.planning.pipeline", "GraphPass"),
+    "PassOrderError": ("hyper_ac.planning.pipeline", "PassOrderError"),
+    "PassPipeline": ("hyper_ac.planning.pipeline", "PassPipeline"),
+    "prepare_activation_checkpoint": ("hyper_ac.planning.passes", "prepare_activation_checkpoint"),
+    "validate_for_model": ("hyper_ac.planning.passes", "validate_for_model"),
+    "load_config": ("hyper_ac.planning.config", "load_config"),
+    "pareto": ("hyper_ac.planning.passes", "pareto"),
+    "plan": ("hyper_ac.planning.passes", "plan"),
 }
 
 

@@ -20,8 +20,8 @@ def _demo(args: argparse.Namespace) -> int:
 
     import hyper_ac
     from hyper_ac import _core
-    from hyper_ac.capture import capture_joint
-    from hyper_ac.config import mode_config
+    from hyper_ac.frontend.capture import capture_joint
+    from hyper_ac.planning.config import mode_config
     from hyper_ac.models import TinyTransformer
 
     torch.manual_seed(0)
@@ -147,7 +147,7 @@ def _capture(args: argparse.Namespace) -> int:
     import torch
 
     from hyper_ac import _core, models
-    from hyper_ac.capture import capture_joint
+    from hyper_ac.frontend.capture import capture_joint
 
     bar = _progress(4, f"capture {args.model}")
     try:
@@ -190,7 +190,7 @@ def _read_text(path: str, what: str) -> str:
 def _plan(args: argparse.Namespace) -> int:
     import hyper_ac
     from hyper_ac import _core
-    from hyper_ac.config import load_config, op_policy_json
+    from hyper_ac.planning.config import load_config, op_policy_json
 
     graph_json = _read_text(args.graph, "graph file")
     if args.print:  # the same plan, through the core's text printer
@@ -201,14 +201,14 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> int:
-    from hyper_ac.config import load_config
+    from hyper_ac.planning.config import load_config
 
     print(json.dumps(load_config(args.config).data, indent=1, sort_keys=True))
     return 0
 
 
 def _op_policy(_args: argparse.Namespace) -> int:
-    from hyper_ac.config import op_policy_json
+    from hyper_ac.planning.config import op_policy_json
 
     print(json.dumps(json.loads(op_policy_json()), indent=1))
     return 0
@@ -217,7 +217,7 @@ def _op_policy(_args: argparse.Namespace) -> int:
 def _is_user_error(error: BaseException) -> bool:
     if isinstance(error, ValueError):  # UsageError, ConfigError, GraphError, ScopeError, JSON errors
         return True
-    annotate = sys.modules.get("hyper_ac.annotate")  # CaptureError (graph break, ...) without importing torch here
+    annotate = sys.modules.get("hyper_ac.frontend.annotate")  # CaptureError (graph break, ...) without importing torch here
     return annotate is not None and isinstance(error, annotate.CaptureError)
 
 
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     capture.add_argument("--batch", type=int, default=2, help="batch size of the example batch (default 2)")
     capture.add_argument("--seq", type=int, default=16, help="sequence length of the example batch (default 16)")
     capture.add_argument("--route", choices=("compile", "export"), default="compile",
-                         help="capture route (hyper_ac.capture.capture_joint; default compile)")
+                         help="capture route (hyper_ac.frontend.capture.capture_joint; default compile)")
     capture.add_argument("-o", "--output", required=True, help="where to write the graph JSON")
     capture.set_defaults(func=_capture)
     plan = sub.add_parser("plan", help="plan a serialised graph JSON with a config")

@@ -14,7 +14,7 @@ exactly once is reported as STALE, never silently skipped.
     python scripts/mutate.py --list
 
 C++ mutations rebuild the Catch2 tests only (cmake, no Python modules); the
-Python mutation (apply, in hyper_ac/apply.py) runs pytest from the copy's
+Python mutation (apply, in hyper_ac/lower/apply.py) runs pytest from the copy's
 source tree against the installed `hyper_ac._core` (PYTHON, default the
 running interpreter).
 """
@@ -101,7 +101,7 @@ MUTATIONS = [
     Mutation(
         "duplicates_at_backward_start",
         "apply inserts every duplicate before the earliest insertion point (the start of the backward)",
-        "hyper_ac/apply.py",
+        "hyper_ac/lower/apply.py",
         """        before = node_named(entry["before"], "insertion point")""",
         """        before = min((node_named(e["before"], "insertion point") for e in plan["duplicates"]),
                      key=lambda n, _o={x: k for k, x in enumerate(graph.nodes)}: _o[n])""",
@@ -118,9 +118,9 @@ import os, sys
 root = sys.argv.pop(1)
 sys.meta_path[:] = [f for f in sys.meta_path if "ScikitBuild" not in type(f).__name__
                     and not type(f).__module__.startswith("_editable")]
-import hyper_ac, hyper_ac.apply
-if not os.path.abspath(hyper_ac.apply.__file__).startswith(os.path.abspath(root) + os.sep):
-    print("hyper_ac imports from " + hyper_ac.apply.__file__ + ", not from the mutated copy " + root)
+import hyper_ac, hyper_ac.lower.apply
+if not os.path.abspath(hyper_ac.lower.apply.__file__).startswith(os.path.abspath(root) + os.sep):
+    print("hyper_ac imports from " + hyper_ac.lower.apply.__file__ + ", not from the mutated copy " + root)
     sys.exit(3)
 import pytest
 sys.exit(pytest.main(sys.argv[1:]))

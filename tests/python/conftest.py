@@ -35,7 +35,9 @@ class Captured:
     """A built model, its example batch, its captured joint graph and its JSON document."""
 
     def __init__(self, name: str, route: str = "compile"):
-        from hyper_ac import capture, models, serialize
+        from hyper_ac import models
+        from hyper_ac.frontend import capture
+        from hyper_ac.frontend import serialize
 
         self.name = name
         self.route = route

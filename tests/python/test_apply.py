@@ -73,8 +73,8 @@ def test_elided_copies_are_applied_and_gradients_stay_bitwise(name):
 
 
 def test_apply_plan_erases_elided_copies_and_their_readers_read_the_source():
-    from hyper_ac.apply import apply_plan
-    from hyper_ac.capture import capture_joint
+    from hyper_ac.lower.apply import apply_plan
+    from hyper_ac.frontend.capture import capture_joint
 
     model = models.build("transformer", 2)
     ids = models.example_batch("transformer", batch=2, seq=16)["input_ids"]
@@ -124,8 +124,8 @@ def test_apply_plan_rejects_a_plan_out_of_order(what):
     nodes it changed when the partition follows (``recompile=False``), naming the node."""
     import copy as copy_module
 
-    from hyper_ac.apply import apply_plan
-    from hyper_ac.capture import capture_joint
+    from hyper_ac.lower.apply import apply_plan
+    from hyper_ac.frontend.capture import capture_joint
 
     model = models.build("transformer", 2)
     ids = models.example_batch("transformer", batch=2, seq=16)["input_ids"]

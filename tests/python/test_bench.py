@@ -99,8 +99,8 @@ def test_quick_never_writes_the_committed_results_unless_told(tmp_path):
 def test_the_package_never_imports_the_benchmark():
     import subprocess
 
-    code = ("import sys, hyper_ac, hyper_ac.__main__, hyper_ac.passes, hyper_ac.backends, hyper_ac.capture, "
-            "hyper_ac.serialize, hyper_ac.memory, hyper_ac.display, hyper_ac.eager; "
+    code = ("import sys, hyper_ac, hyper_ac.__main__, hyper_ac.planning.passes, hyper_ac.lower.backends, hyper_ac.frontend.capture, "
+            "hyper_ac.frontend.serialize, hyper_ac.memory, hyper_ac.display, hyper_ac.eager; "
             "hyper_ac.__main__.main(['op-policy']); "
             "assert not any(m == 'benchmarks' or m.startswith('benchmarks.') for m in sys.modules), 'imported'")
     run = subprocess.run([sys.executable, "-c", code], cwd=_ROOT, capture_output=True, text=True)

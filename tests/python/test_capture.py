@@ -1,4 +1,4 @@
-"""hyper_ac.capture and hyper_ac.models: the joint graph is the training step."""
+"""hyper_ac.frontend.capture and hyper_ac.models: the joint graph is the training step."""
 
 from __future__ import annotations
 
@@ -10,10 +10,13 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from hyper_ac import annotate, capture, models, module_path
-from hyper_ac.annotate import annotate_joint
-from hyper_ac.capture import CaptureError, capture_joint
-from hyper_ac.module_path import normalize_module_path
+from hyper_ac import models
+from hyper_ac.frontend import annotate
+from hyper_ac.frontend import capture
+from hyper_ac.frontend import module_path
+from hyper_ac.frontend.annotate import annotate_joint
+from hyper_ac.frontend.capture import CaptureError, capture_joint
+from hyper_ac.frontend.module_path import normalize_module_path
 
 
 # --------------------------------------------------------------------------
@@ -469,7 +472,7 @@ class _MaskedSum(nn.Module):
 
 
 def test_data_dependent_shapes_compile_route_only():
-    from hyper_ac.serialize import serialize_graph
+    from hyper_ac.frontend.serialize import serialize_graph
 
     torch.manual_seed(0)
     cg = capture_joint(_MaskedSum(), torch.randn(4, 8))
@@ -504,7 +507,7 @@ def test_inductor_buffer_update_epilogue_does_not_pull_the_backward_forward(monk
     # (x - mean, ...) stay backward: otherwise every block value they read looks
     # read by a forward node outside its unit and `full` replays nothing.
     import hyper_ac
-    from hyper_ac import annotate as annotate_module
+    from hyper_ac.frontend import annotate as annotate_module
 
     joints, results = [], []
     real = annotate_module.annotate_joint

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hyper_ac import config as hc
-from hyper_ac.config import ConfigError, RecomputePolicy, load_config
+from hyper_ac.planning import config as hc
+from hyper_ac.planning.config import ConfigError, RecomputePolicy, load_config
 
 CONFIGS = hc.CONFIG_DIR  # hyper_ac/configs: package data
 

@@ -10,8 +10,9 @@ import pytest
 from torch import fx
 
 import hyper_ac
-from hyper_ac import display, display_svg, models
-from hyper_ac.capture import capture_joint
+from hyper_ac import display, models
+from hyper_ac.display import svg as display_svg
+from hyper_ac.frontend.capture import capture_joint
 
 SVG = "{http://www.w3.org/2000/svg}"
 

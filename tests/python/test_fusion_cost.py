@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from hyper_ac import _core, models
-from hyper_ac.capture import capture_joint
-from hyper_ac.config import ConfigError, load_config, op_policy_json
-from hyper_ac.op_facts import op_facts
+from hyper_ac.frontend.capture import capture_joint
+from hyper_ac.planning.config import ConfigError, load_config, op_policy_json
+from hyper_ac.frontend.op_facts import op_facts
 
 aten, prims = torch.ops.aten, torch.ops.prims
 

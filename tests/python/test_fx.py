@@ -1,4 +1,4 @@
-"""hyper_ac._fx.copy_node against torch's Graph.node_copy: the same graph, node for node."""
+"""hyper_ac.lower._fx.copy_node against torch's Graph.node_copy: the same graph, node for node."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import torch
 from torch import fx
 
 from hyper_ac import models
-from hyper_ac._fx import copy_node
-from hyper_ac.capture import capture_joint
+from hyper_ac.lower._fx import copy_node
+from hyper_ac.frontend.capture import capture_joint
 
 
 @pytest.fixture(scope="module")

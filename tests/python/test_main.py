@@ -16,7 +16,7 @@ import pytest
 
 from hyper_ac import _core
 from hyper_ac.__main__ import main
-from hyper_ac.config import op_policy_json
+from hyper_ac.planning.config import op_policy_json
 
 ROOT = Path(__file__).resolve().parents[2]
 

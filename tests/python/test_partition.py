@@ -21,10 +21,10 @@ import torch
 from torch import fx, nn
 
 import hyper_ac
-import hyper_ac.partition as partition
+import hyper_ac.lower.partition as partition
 from hyper_ac import _core, models
-from hyper_ac.capture import capture_joint
-from hyper_ac.op_facts import target_name
+from hyper_ac.frontend.capture import capture_joint
+from hyper_ac.frontend.op_facts import target_name
 
 
 def _twin(gm: fx.GraphModule) -> fx.GraphModule:
@@ -205,22 +205,22 @@ def test_split_torch_option_uses_torchs_split(monkeypatch):
 
 
 def test_split_config_key():
-    cfg = hyper_ac.config.load_config({"activation_checkpoint": {"mode": "full", "split": "torch"}})
+    cfg = hyper_ac.planning.config.load_config({"activation_checkpoint": {"mode": "full", "split": "torch"}})
     assert cfg.split == "torch"
-    assert hyper_ac.config.load_config({"ac_mode": "full"}).split == "native"
+    assert hyper_ac.planning.config.load_config({"ac_mode": "full"}).split == "native"
     # The default keeps the canonical form (and so every plan) unchanged.
-    assert "split" not in hyper_ac.config.load_config({"ac_mode": "full"}).data["activation_checkpoint"]
+    assert "split" not in hyper_ac.planning.config.load_config({"ac_mode": "full"}).data["activation_checkpoint"]
     with pytest.raises(ValueError, match="unknown split 'fast'"):
-        hyper_ac.config.load_config({"ac_mode": "full", "ac_split": "fast"})
+        hyper_ac.planning.config.load_config({"ac_mode": "full", "ac_split": "fast"})
 
 
 def test_plan_split_leaves_the_plan_unchanged():
     model = models.build("transformer")
     cap = capture_joint(model, **models.example_batch("transformer"))
     graph_json = cap.to_json()
-    cfg = hyper_ac.config.load_config({"ac_mode": "full"}).json_for(model)
-    plan_text, split_text = _core.plan_split(graph_json, cfg, hyper_ac.config.op_policy_json())
-    assert plan_text == _core.plan(graph_json, cfg, hyper_ac.config.op_policy_json())
+    cfg = hyper_ac.planning.config.load_config({"ac_mode": "full"}).json_for(model)
+    plan_text, split_text = _core.plan_split(graph_json, cfg, hyper_ac.planning.config.op_policy_json())
+    assert plan_text == _core.plan(graph_json, cfg, hyper_ac.planning.config.op_policy_json())
     import json
 
     plan, split = json.loads(plan_text), json.loads(split_text)
@@ -237,7 +237,7 @@ def test_split_honours_lazy_codegen(split_kind):
     generate the same code."""
     from torch.fx._lazy_graph_module import _LazyGraphModule, _use_lazy_graph_module
 
-    from hyper_ac.apply import apply_plan
+    from hyper_ac.lower.apply import apply_plan
 
     model = models.build("transformer")
     cap = capture_joint(model, **models.example_batch("transformer"))

@@ -16,9 +16,9 @@ from torch import nn
 
 import hyper_ac
 from hyper_ac import _core, models
-from hyper_ac.capture import capture_joint
-from hyper_ac.partition import partition_joint, saved_values
-from hyper_ac.passes import ActivationCheckpointPass
+from hyper_ac.frontend.capture import capture_joint
+from hyper_ac.lower.partition import partition_joint, saved_values
+from hyper_ac.planning.passes import ActivationCheckpointPass
 
 MODES = ["full", "selective", "auto", "budget"]
 
@@ -274,7 +274,7 @@ def test_off_leaves_graph_untouched():
 def test_plan_is_deterministic():
     model = models.build("gpt2")
     graph_json = capture_joint(model, **models.example_batch("gpt2")).to_json()
-    from hyper_ac.config import load_config, op_policy_json
+    from hyper_ac.planning.config import load_config, op_policy_json
 
     for mode in MODES:
         cfg = load_config(_config(mode)).to_json()
@@ -455,7 +455,7 @@ def _layer_norms(gm) -> int:
 
 @pytest.fixture
 def hooked_adapter():
-    from hyper_ac.config import RecomputePolicy, register_adapter, unregister_adapter
+    from hyper_ac.planning.config import RecomputePolicy, register_adapter, unregister_adapter
 
     calls = []
 
@@ -472,7 +472,7 @@ def hooked_adapter():
 
 @pytest.mark.parametrize("mode", ["full", "selective", "auto", "budget"])
 @pytest.mark.parametrize("config, error, match", [
-    ({"ac_region_source": "model_adapter_safe_regions"}, hyper_ac.config.ConfigError, "no model adapter"),
+    ({"ac_region_source": "model_adapter_safe_regions"}, hyper_ac.planning.config.ConfigError, "no model adapter"),
     ({"ac_layer_count": 3}, _core.ScopeError, "layer_count 3 exceeds the 2 units"),
     ({"ac_layer_indices": [0, 5]}, _core.ScopeError, r"layer index 5 is out of range.*0\.\.1"),
     ({"ac_regions": {"include": ["*.feed_forward"]}}, _core.ScopeError, r"'\*\.feed_forward' matches no module"),
@@ -537,7 +537,7 @@ def test_backend_runs_the_adapter_hook_when_created(hooked_adapter):
 def test_plan_warnings_name_hyper_ac():
     # Under torch.compile the warning is attributed to a frame in torch's partitioner
     # (torch/_functorch/...), so its text must say it comes from hyper_ac.
-    from hyper_ac.passes import PassResult
+    from hyper_ac.planning.passes import PassResult
 
     result = PassResult(mode="budget", plan={"diagnostics": [
         {"level": "warning", "message": "memory budget 1 MiB (simulated peak) cannot be met"}]})

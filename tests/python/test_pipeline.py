@@ -17,8 +17,8 @@ from torch import fx
 
 import hyper_ac
 from hyper_ac import models
-from hyper_ac.capture import capture_joint
-from hyper_ac.pipeline import GraphPass, PassOrderError, PassPipeline, mark_placeholders_rewritten
+from hyper_ac.frontend.capture import capture_joint
+from hyper_ac.planning.pipeline import GraphPass, PassOrderError, PassPipeline, mark_placeholders_rewritten
 
 
 class ToyShardPass(GraphPass):

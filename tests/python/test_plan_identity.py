@@ -43,7 +43,7 @@ JSON_GRAPHS = ("tiny_mlp",)  # tests/data/bad_dangling.json is invalid on purpos
 
 
 def _configs() -> dict:
-    from hyper_ac.config import CONFIG_DIR as CONFIGS
+    from hyper_ac.planning.config import CONFIG_DIR as CONFIGS
 
     out = dict(MODE_CONFIGS)
     for name in PRESETS:
@@ -53,7 +53,7 @@ def _configs() -> dict:
 
 def _graphs():
     """(label, graph JSON text, live model or None) for every graph."""
-    from hyper_ac.serialize import serialize_graph
+    from hyper_ac.frontend.serialize import serialize_graph
 
     for name in ALL_MODELS:
         c = get_captured(name)
@@ -65,7 +65,7 @@ def _graphs():
 
 
 def _plan_hash(core, graph: str, config, model) -> str:
-    from hyper_ac.config import ConfigError, load_config, op_policy_json
+    from hyper_ac.planning.config import ConfigError, load_config, op_policy_json
 
     try:
         cfg_json = load_config(config).json_for(model)
@@ -107,7 +107,7 @@ def test_plans_are_byte_identical():
 
 def test_timeline_is_opt_in_and_adds_only_itself():
     core = core_module()
-    from hyper_ac.config import load_config, op_policy_json
+    from hyper_ac.planning.config import load_config, op_policy_json
 
     c = get_captured("transformer")
     for mode in ("off", "selective", "auto"):

@@ -20,7 +20,7 @@ from torch import nn
 
 import hyper_ac
 from hyper_ac import models
-from hyper_ac.capture import capture_joint
+from hyper_ac.frontend.capture import capture_joint
 
 MODES = ["off", "full", "selective", "auto", "budget"]
 SEED = 123
@@ -201,7 +201,7 @@ def test_small_random_op_is_saved_not_replayed():
 def test_state_bytes_in_graph_and_plan():
     model, batch = _model("random_ops")
     cap = capture_joint(model, **batch)
-    doc = hyper_ac.serialize.serialize_graph(cap.graph_module)
+    doc = hyper_ac.frontend.serialize.serialize_graph(cap.graph_module)
     doc = doc if isinstance(doc, dict) else __import__("json").loads(doc)
     random_nodes = [n for n in doc["nodes"] if n.get("rng")]
     assert random_nodes
@@ -228,7 +228,7 @@ def test_explicit_generator_is_not_replayable():
                 x = layer(x) * torch.rand(x.shape, generator=None)
             return x.sum()
 
-    from hyper_ac.op_facts import rng_state_bytes
+    from hyper_ac.frontend.op_facts import rng_state_bytes
 
     gen = torch.Generator()
     g = torch.fx.Graph()
@@ -245,8 +245,8 @@ def test_partition_leaves_no_stray_random_op_in_the_backward():
     # op: the extraction could carry a forward one over (its input is saved
     # for another reader), and DCE keeps random ops, so it would draw from the
     # user's generator on every backward.
-    from hyper_ac.partition import partition_joint
-    from hyper_ac.passes import ActivationCheckpointPass
+    from hyper_ac.lower.partition import partition_joint
+    from hyper_ac.planning.passes import ActivationCheckpointPass
 
     class Block(nn.Module):
         def __init__(self):

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from hyper_ac import models
-from hyper_ac.capture import capture_joint
-from hyper_ac.passes import ActivationCheckpointPass
+from hyper_ac.frontend.capture import capture_joint
+from hyper_ac.planning.passes import ActivationCheckpointPass
 
 
 def _consumers(node, is_dup):

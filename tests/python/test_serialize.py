@@ -1,4 +1,4 @@
-"""hyper_ac.serialize: the graph JSON is docs/graph-format.md v1 and every fact is right."""
+"""hyper_ac.frontend.serialize: the graph JSON is docs/graph-format.md v1 and every fact is right."""
 
 from __future__ import annotations
 
@@ -13,8 +13,11 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from hyper_ac import _core, capture, models, op_facts, serialize
-from hyper_ac.serialize import discover_units, serialize_graph, to_json
+from hyper_ac import _core, models
+from hyper_ac.frontend import capture
+from hyper_ac.frontend import op_facts
+from hyper_ac.frontend import serialize
+from hyper_ac.frontend.serialize import discover_units, serialize_graph, to_json
 
 # --------------------------------------------------------------------------
 # a schema checker written from docs/graph-format.md
@@ -634,8 +637,8 @@ def test_input_mutation_marks_the_written_placeholder():
     import torch
     from torch import nn
 
-    from hyper_ac.capture import capture_joint
-    from hyper_ac.serialize import serialize_graph
+    from hyper_ac.frontend.capture import capture_joint
+    from hyper_ac.frontend.serialize import serialize_graph
 
     class Counter(nn.Module):
         def __init__(self):

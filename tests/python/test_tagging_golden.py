@@ -34,8 +34,12 @@ import torch.nn.functional as F
 
 _core = pytest.importorskip("hyper_ac._core", reason="hyper_ac._core not built (make build)")
 
-from hyper_ac import annotate, capture, config, models, serialize  # noqa: E402  (config imports _core)
-from hyper_ac.op_facts import target_name  # noqa: E402
+from hyper_ac import models
+from hyper_ac.frontend import annotate
+from hyper_ac.frontend import capture
+from hyper_ac.planning import config
+from hyper_ac.frontend import serialize  # noqa: E402  (config imports _core)
+from hyper_ac.frontend.op_facts import target_name  # noqa: E402
 
 GOLDEN_DIR = Path(__file__).resolve().parents[1] / "data" / "golden"
 UPDATE = os.environ.get("HYPER_AC_UPDATE_GOLDEN") == "1"

@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 import hyper_ac
 import hyper_ac.memory
 from hyper_ac import _core
-from hyper_ac.backends import boxed_fx_compiler
+from hyper_ac.lower.backends import boxed_fx_compiler
 
 
 def _saved(fw: torch.fx.GraphModule, num_fwd_outputs: int) -> tuple[int, int]:
@@ -131,7 +131,7 @@ class _Fn(nn.Module):
 
 
 def test_whole_graph_scope_plans_cos3_like_min_cut():
-    from hyper_ac.capture import capture_joint
+    from hyper_ac.frontend.capture import capture_joint
 
     gm = capture_joint(_Fn(lambda x: x.cos().cos().cos().sum()), torch.randn(3, requires_grad=True)).graph_module
     result = hyper_ac.plan(gm, {"ac_mode": "auto"})
@@ -273,7 +273,7 @@ def test_user_recompute_tags_seed_the_plan():
 def test_user_must_recompute_on_rng_is_an_error():
     from torch.utils.checkpoint import CheckpointPolicy
 
-    from hyper_ac.capture import capture_joint
+    from hyper_ac.frontend.capture import capture_joint
 
     gm = capture_joint(_Fn(lambda x: F.dropout(x.sin(), 0.5, True).cos().sum()),
                        torch.randn(8, requires_grad=True)).graph_module

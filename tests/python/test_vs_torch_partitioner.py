@@ -17,8 +17,8 @@ import pytest
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from hyper_ac import _core, models
-from hyper_ac.capture import capture_joint
-from hyper_ac.config import load_config, op_policy_json
+from hyper_ac.frontend.capture import capture_joint
+from hyper_ac.planning.config import load_config, op_policy_json
 
 
 def _torch_recompute_set(captured, doc):

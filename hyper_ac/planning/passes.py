@@ -2,7 +2,7 @@
 
 Every save/recompute decision is the core's (``hyper_ac._core.plan``);
 :func:`plan` hands the graph over, :class:`ActivationCheckpointPass` applies
-the edits it gets back (:mod:`hyper_ac.apply`), :func:`pareto` asks the core
+the edits it gets back (:mod:`hyper_ac.lower.apply`), :func:`pareto` asks the core
 for the saved-bytes / recompute-cost frontier.
 :func:`prepare_activation_checkpoint` is the step every route takes before
 it traces: the adapter hook, then the model-dependent config checks
@@ -21,10 +21,10 @@ from typing import Any, Mapping, Optional, Sequence, Union
 from torch import fx
 
 from hyper_ac import _core
-from hyper_ac._gc import paused_gc
-from hyper_ac.apply import apply_plan
-from hyper_ac.config import Config, adapter_for, adapter_hook_ran, apply_adapter_hook, load_config, op_policy_json
-from hyper_ac.pipeline import GraphPass, PassOrderError, placeholders_rewritten_by
+from hyper_ac.lower._gc import paused_gc
+from hyper_ac.lower.apply import apply_plan
+from hyper_ac.planning.config import Config, adapter_for, adapter_hook_ran, apply_adapter_hook, load_config, op_policy_json
+from hyper_ac.planning.pipeline import GraphPass, PassOrderError, placeholders_rewritten_by
 
 _LOG = logging.getLogger("hyper_ac")
 
@@ -52,7 +52,7 @@ def validate_for_model(config: Any, model: Any) -> Prepared:
     """Every check of ``config`` that needs only the live ``model``, done now rather than at the first trace.
 
     The core runs the same scope checks as :func:`plan` on the model's facts
-    (``hyper_ac.serialize.model_facts``, no graph nodes): an adapter source
+    (``hyper_ac.frontend.serialize.model_facts``, no graph nodes): an adapter source
     without an adapter, layer indices or counts beyond the model's units, region
     and exclude patterns that match no module inside the selection. Raises the
     same ``ConfigError`` / ``ScopeError`` (``ValueError``) the plan would.
@@ -60,7 +60,7 @@ def validate_for_model(config: Any, model: Any) -> Prepared:
     cfg = load_config(config)
     if model is None or cfg.mode == "off":
         return Prepared(cfg)
-    from hyper_ac.serialize import FORMAT, VERSION, model_facts
+    from hyper_ac.frontend.serialize import FORMAT, VERSION, model_facts
 
     doc = {"format": FORMAT, "version": VERSION, "model": model_facts(getattr(model, "_orig_mod", model)), "nodes": []}
     found = _core.check_scope(json.dumps(doc, separators=(",", ":")), cfg.json_for(model))
@@ -76,7 +76,7 @@ def prepare_activation_checkpoint(model: Any, config: Any) -> Prepared:
     :func:`validate_for_model`, so the trace sees the hook's effect and a config
     that cannot fit the model fails here with the core's message. Every route
     calls it: ``hyper_ac.backend(config, model=...)`` when it is created,
-    ``hyper_ac.capture.capture_joint`` (the hook) before it traces; call it
+    ``hyper_ac.frontend.capture.capture_joint`` (the hook) before it traces; call it
     yourself before tracing a graph any other way.
     """
     cfg = load_config(config)
@@ -139,14 +139,14 @@ def _require_annotated(gm: fx.GraphModule) -> None:
         if "autograd_backward" not in node.meta:
             raise ValueError(
                 f"node '{node.name}' has no meta['autograd_backward']: the pass needs a joint graph annotated "
-                "with forward/backward phases (capture it with hyper_ac.capture.capture_joint, or call "
-                "hyper_ac.annotate.annotate_joint(gm, num_fwd_outputs) first)"
+                "with forward/backward phases (capture it with hyper_ac.frontend.capture.capture_joint, or call "
+                "hyper_ac.frontend.annotate.annotate_joint(gm, num_fwd_outputs) first)"
             )
 
 
 def _graph_json(graph: Union[fx.GraphModule, str, Mapping[str, Any]], model: Any, caller: str) -> str:
     if isinstance(graph, fx.GraphModule):
-        from hyper_ac.serialize import to_json
+        from hyper_ac.frontend.serialize import to_json
 
         _require_annotated(graph)
         return to_json(graph, model)
@@ -178,7 +178,7 @@ def plan(graph: Union[fx.GraphModule, str, Mapping[str, Any]], config: Any, mode
     saved values in order), what ``partition_joint(..., split=result.split)``
     builds the two modules from; the plan itself is unchanged.
     ``stock_recomputed``: the forward node names the stock partition
-    recomputes on this graph (:func:`hyper_ac.backends.stock_recomputed`, a
+    recomputes on this graph (:func:`hyper_ac.lower.backends.stock_recomputed`, a
     fact measured with torch); ``auto`` then rewrites nothing unless its
     simulated peak is below that plan's (the core decides: docs/mincut.md,
     "Never worse than stock"). ``None`` (default): no comparison.
@@ -192,7 +192,7 @@ def plan(graph: Union[fx.GraphModule, str, Mapping[str, Any]], config: Any, mode
             raise TypeError("hyper_ac.plan: stock_recomputed must be a sequence of node names (str) or None")
         stock_recomputed = list(stock_recomputed)
     cfg = load_config(config)
-    with paused_gc():  # large documents both ways (hyper_ac._gc)
+    with paused_gc():  # large documents both ways (hyper_ac.lower._gc)
         t0 = time.perf_counter()
         graph_json = _graph_json(graph, model, "plan")
         t1 = time.perf_counter()
@@ -214,7 +214,7 @@ class ActivationCheckpointPass(GraphPass):
 
     ``ActivationCheckpointPass(config).run(gm, model=model)`` or
     ``ActivationCheckpointPass().run(gm, config, model=model)``: the config (a
-    YAML path, dict or :class:`hyper_ac.config.Config`) is validated when given.
+    YAML path, dict or :class:`hyper_ac.planning.config.Config`) is validated when given.
     ``model`` (the live module) lets scope discovery use its
     ``gradient_checkpointing`` blocks; without it the core finds repeated
     blocks from the module stacks. ``tag_only=True`` writes the policies and
@@ -223,7 +223,7 @@ class ActivationCheckpointPass(GraphPass):
     """
 
     name = "activation_checkpoint"
-    needs_unsharded_placeholders = True  # see hyper_ac.pipeline: runs before sharding / stage splitting
+    needs_unsharded_placeholders = True  # see hyper_ac.planning.pipeline: runs before sharding / stage splitting
 
     def __init__(self, config: Any = None, *, tag_only: bool = False) -> None:
         if not isinstance(tag_only, bool):
@@ -252,7 +252,7 @@ class ActivationCheckpointPass(GraphPass):
                 f"the model adapter of {type(model).__name__} has an on_applied hook that has not run, so this graph "
                 f"was traced without its effect (hook {getattr(policy.on_applied, '__qualname__', policy.on_applied)!r}); "
                 "call hyper_ac.prepare_activation_checkpoint(model, config) before tracing "
-                "(hyper_ac.capture.capture_joint and hyper_ac.backend do)")
+                "(hyper_ac.frontend.capture.capture_joint and hyper_ac.backend do)")
         result = plan(graph_module, cfg, model)
         t0 = time.perf_counter()
         apply_plan(graph_module, result.plan, tag_only=self.tag_only, recompile=recompile)
@@ -269,13 +269,13 @@ def pareto(graph: Union[fx.GraphModule, str, Mapping[str, Any]], config: Any = N
            plot: Optional[str] = None):
     """The saved-bytes / recompute-cost frontier across λ (min-cut modes); ``graph`` as for :func:`plan`.
 
-    Returns a :class:`hyper_ac.timeline.Frontier`: the list of points (dicts),
+    Returns a :class:`hyper_ac.display.timeline.Frontier`: the list of points (dicts),
     which draws itself inline in Jupyter."""
     cfg = load_config(config if config is not None else {"ac_mode": "auto"})
     points = json.loads(_core.pareto(_graph_json(graph, model, "pareto"), cfg.json_for(model), op_policy_json()))
     if plot:
         _plot_pareto(points, plot)
-    from hyper_ac.timeline import Frontier  # a list that also plots itself in Jupyter
+    from hyper_ac.display.timeline import Frontier  # a list that also plots itself in Jupyter
 
     return Frontier(points)
 

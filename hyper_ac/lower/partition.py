@@ -23,8 +23,8 @@ import torch
 from torch import fx
 from torch._functorch import partitioners as _partitioners
 
-from hyper_ac._fx import copy_node, erase_node, placeholder, reset_graph, to_placeholder
-from hyper_ac._gc import paused_gc
+from hyper_ac.lower._fx import copy_node, erase_node, placeholder, reset_graph, to_placeholder
+from hyper_ac.lower._gc import paused_gc
 
 __all__ = ["saved_values", "partition_joint", "build_modules"]
 
@@ -192,7 +192,7 @@ def build_modules(joint_module: fx.GraphModule, split: Mapping[str, Any], *,
     both modules are those a copy of each node into a fresh graph would have.
     """
     # Tens of thousands of new nodes: the cyclic GC would rescan them over and over
-    # (as in hyper_ac.serialize); nothing here needs collecting until the modules exist.
+    # (as in hyper_ac.frontend.serialize); nothing here needs collecting until the modules exist.
     with paused_gc():
         return _build_modules(joint_module, split, num_fwd_outputs)
 

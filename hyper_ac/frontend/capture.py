@@ -14,7 +14,7 @@ placeholders, ``meta["ac_role"]``):
   no compilation, inputs described by ``ParamAOTInput`` / ``BufferAOTInput``
   descriptors.
 
-Both routes end in :func:`hyper_ac.annotate.annotate_joint`, the reusable
+Both routes end in :func:`hyper_ac.frontend.annotate.annotate_joint`, the reusable
 part: a compile backend's ``partition_fn`` calls it on the joint graph it
 receives.
 
@@ -32,9 +32,9 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from hyper_ac._fx import copy_graph_module
-from hyper_ac.annotate import CaptureError, JointAnnotation, annotate_joint, num_forward_outputs_from_descs
-from hyper_ac.config import apply_adapter_hook
+from hyper_ac.lower._fx import copy_graph_module
+from hyper_ac.frontend.annotate import CaptureError, JointAnnotation, annotate_joint, num_forward_outputs_from_descs
+from hyper_ac.planning.config import apply_adapter_hook
 
 __all__ = [
     "CaptureError",
@@ -85,12 +85,12 @@ class CapturedGraph:
         return [n for n in self.graph_module.graph.nodes if n.meta.get("autograd_backward") is backward]
 
     def to_json(self, **kwargs: Any) -> str:
-        from hyper_ac.serialize import to_json
+        from hyper_ac.frontend.serialize import to_json
 
         return to_json(self.graph_module, self.model, **kwargs)
 
     def serialize(self, **kwargs: Any) -> dict:
-        from hyper_ac.serialize import serialize_graph
+        from hyper_ac.frontend.serialize import serialize_graph
 
         return serialize_graph(self.graph_module, self.model, **kwargs)
 

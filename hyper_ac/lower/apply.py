@@ -17,8 +17,8 @@ import torch
 from torch import fx
 from torch.utils.checkpoint import CheckpointPolicy
 
-from hyper_ac._fx import copy_node
-from hyper_ac._gc import paused_gc
+from hyper_ac.lower._fx import copy_node
+from hyper_ac.lower._gc import paused_gc
 
 __all__ = ["apply_elided_copies", "apply_plan"]
 
@@ -45,7 +45,7 @@ def apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], *, tag_only: bool = 
     It also checks only the nodes it made or rewired (each reads nodes defined
     before it; ``ValueError`` naming the node) instead of linting the whole graph.
     """
-    with paused_gc():  # thousands of new nodes: no full-heap collections midway (hyper_ac._gc)
+    with paused_gc():  # thousands of new nodes: no full-heap collections midway (hyper_ac.lower._gc)
         return _apply_plan(gm, plan, tag_only, recompile)
 
 

@@ -37,8 +37,8 @@ import torch
 from torch import fx
 
 from hyper_ac import _core
-from hyper_ac.config import load_config
-from hyper_ac.passes import prepare_activation_checkpoint
+from hyper_ac.planning.config import load_config
+from hyper_ac.planning.passes import prepare_activation_checkpoint
 
 _LOG = logging.getLogger("hyper_ac")
 
@@ -84,7 +84,7 @@ def stock_recomputed(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any) ->
     forward = {node.name for node in joint.graph.nodes
                if node.op == "call_function" and node.meta.get("autograd_backward") is False}
     # Stock's partition edits the graph and tags meta: it runs on a copy.
-    from hyper_ac._fx import copy_graph_module
+    from hyper_ac.lower._fx import copy_graph_module
 
     _, bw = stock_partition(copy_graph_module(joint), joint_inputs, **kwargs)
     return sorted({node.name for node in bw.graph.nodes if node.op == "call_function" and node.name in forward})
@@ -150,9 +150,9 @@ class _PartitionStep:
         self.on_result, self.current = on_result, current
 
     def __call__(self, joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any):
-        from hyper_ac.annotate import annotate_joint
-        from hyper_ac.apply import apply_plan
-        from hyper_ac.passes import plan
+        from hyper_ac.frontend.annotate import annotate_joint
+        from hyper_ac.lower.apply import apply_plan
+        from hyper_ac.planning.passes import plan
 
         kwargs["num_fwd_outputs"] = num_fwd_outputs
         if self.cfg.mode == "off":
@@ -177,7 +177,7 @@ class _PartitionStep:
             self.on_result(result)
         # Exact copies the core elided are removed on every route (the stock
         # partition included): what is left is the graph the core planned.
-        from hyper_ac.apply import apply_elided_copies
+        from hyper_ac.lower.apply import apply_elided_copies
 
         apply_elided_copies(joint, result.plan)
         plan_json = {key: value for key, value in result.plan.items() if key != "elided_copies"}
@@ -192,7 +192,7 @@ class _PartitionStep:
         if self.route == "tag":
             write_decisions(joint, plan_json)
             return stock_partition(joint, joint_inputs, **kwargs)
-        from hyper_ac.partition import partition_joint
+        from hyper_ac.lower.partition import partition_joint
 
         # The partition builds fresh modules from the graph: no need to regenerate the joint's code.
         apply_plan(joint, plan_json, recompile=False)

@@ -9,17 +9,17 @@ Every fact is computed from torch, never guessed:
   schema alias annotations, mapped to positions in the node's ``inputs``
   (= ``node.all_input_nodes``); ``operator.getitem`` aliases its producer.
 * ``rng``: ``torch.Tag.nondeterministic_seeded`` (plus the RNG higher-order ops), except a
-  call that draws nothing (attention with ``dropout_p`` 0: :func:`hyper_ac.op_facts.draws_random`).
+  call that draws nothing (attention with ``dropout_p`` 0: :func:`hyper_ac.frontend.op_facts.draws_random`).
 * ``rng_state_bytes``: on a random op that can be replayed from a saved
-  generator state (:func:`hyper_ac.op_facts.rng_state_bytes`), that state's size.
+  generator state (:func:`hyper_ac.frontend.op_facts.rng_state_bytes`), that state's size.
 * ``symint``: ``meta["val"]`` is a ``SymInt``/``SymFloat``/``SymBool``.
 * ``collective``: the operator's namespace is a communication namespace.
 * ``flops``: ``torch.utils.flop_counter``'s per-op formula registry (0 without one).
 * ``module_stack`` / ``phase`` / ``role``: from the annotations
-  :func:`hyper_ac.annotate.annotate_joint` wrote (the phase through
-  :func:`hyper_ac.annotate.phase_of`).
+  :func:`hyper_ac.frontend.annotate.annotate_joint` wrote (the phase through
+  :func:`hyper_ac.frontend.annotate.phase_of`).
 
-The operator facts come from :mod:`hyper_ac.op_facts` (schema analysis cached
+The operator facts come from :mod:`hyper_ac.frontend.op_facts` (schema analysis cached
 per target, so the cost is linear in the graph).
 """
 
@@ -35,9 +35,9 @@ import torch.fx as fx
 import torch.nn as nn
 
 from hyper_ac import _core
-from hyper_ac._gc import paused_gc
-from hyper_ac.annotate import phase_of
-from hyper_ac.op_facts import (_PY_SYM_TYPES, _flops, _output_facts, _positions, is_exact_copy, may_be_exact_copy,
+from hyper_ac.lower._gc import paused_gc
+from hyper_ac.frontend.annotate import phase_of
+from hyper_ac.frontend.op_facts import (_PY_SYM_TYPES, _flops, _output_facts, _positions, is_exact_copy, may_be_exact_copy,
                                draws_random, op_facts, rng_state_bytes, target_name)
 
 __all__ = [
@@ -172,7 +172,7 @@ def serialize_graph(
 ) -> dict:
     """The graph document (a JSON-ready dict) of an annotated joint graph.
 
-    ``gm`` should carry :func:`hyper_ac.annotate.annotate_joint`'s meta; a
+    ``gm`` should carry :func:`hyper_ac.frontend.annotate.annotate_joint`'s meta; a
     node without ``meta["autograd_backward"]`` gets its phase from
     ``partitioner_tag``, else backward iff one of its inputs is backward.
     ``model``: the live module, for the ``model`` section.

@@ -5,7 +5,7 @@ Per target (cached): the schema's aliasing and mutation (``mutated`` /
 (``torch.Tag.nondeterministic_seeded`` and the RNG higher-order ops), the
 collective namespace and the FLOP formula (``torch.utils.flop_counter``'s
 registry). Per node: output facts (bytes, dtype, hinted shape), the argument
-positions the schema facts name, and the FLOPs. :mod:`hyper_ac.serialize`
+positions the schema facts name, and the FLOPs. :mod:`hyper_ac.frontend.serialize`
 writes them into the graph document.
 """
 

@@ -13,7 +13,7 @@ checked against torch in tests/python/test_torch_compat.py; where one is
 missing, it falls back to ``node_copy``.
 
 ``erase_node``, ``to_placeholder`` and ``reset_graph`` turn a joint graph into
-its backward in place (``hyper_ac.partition.build_modules``): erase the forward
+its backward in place (``hyper_ac.lower.partition.build_modules``): erase the forward
 (freeing its names), make each saved value an input, and give the graph a fresh
 graph's code generation.
 """

@@ -195,7 +195,7 @@ def memory(captured: Any, config: Any, *, model: Any = None, inputs: Optional[li
         return MemoryTimeline(tl["before"], tl["after"], mode=cfg.mode, stats=result.stats,
                               source="simulated by the core (live activation bytes while each schedule step runs)",
                               boundary_before=tl["boundary_before"], boundary_after=tl["boundary_after"])
-    from hyper_ac.apply import apply_elided_copies
+    from hyper_ac.lower.apply import apply_elided_copies
 
     with warnings.catch_warnings():  # torch's own deprecation noise from copying pytree specs
         warnings.simplefilter("ignore", FutureWarning)

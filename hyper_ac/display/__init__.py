@@ -20,8 +20,8 @@ from typing import Any, Optional
 
 from torch import fx
 
-from hyper_ac.display_svg import COLOURS, GraphPicture, draw as _draw, units
-from hyper_ac.timeline import Frontier, MemoryTimeline, frontier, memory
+from hyper_ac.display.svg import COLOURS, GraphPicture, draw as _draw, units
+from hyper_ac.display.timeline import Frontier, MemoryTimeline, frontier, memory
 
 __all__ = ["COLOURS", "Frontier", "GraphPicture", "MemoryTimeline", "TaggedGraph", "draw", "frontier", "memory",
            "show", "units"]

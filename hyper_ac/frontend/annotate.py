@@ -4,7 +4,7 @@ The one home of phase classification: :func:`annotate_joint` decides the
 forward/backward phase of every node of an AOTAutograd joint graph, and
 :func:`phase_of` reads it back (with the fallback for a graph annotated by
 someone else) for the serialiser. Module paths are parsed by
-:mod:`hyper_ac.module_path`.
+:mod:`hyper_ac.frontend.module_path`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from hyper_ac.module_path import _ModulePathResolver
+from hyper_ac.frontend.module_path import _ModulePathResolver
 
 __all__ = [
     "CaptureError",

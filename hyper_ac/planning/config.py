@@ -25,7 +25,7 @@ import yaml
 from hyper_ac import _core
 
 #: The presets and the default operator policy table (package data).
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_OP_POLICY = CONFIG_DIR / "op_policy.yaml"
 
 ConfigError = _core.ConfigError
@@ -238,7 +238,7 @@ def _check_finite(data: Any, key: str = "") -> None:
 def load_config(source: Union[str, os.PathLike, Mapping[str, Any], Config, None]) -> Config:
     """Load and validate a config from a preset name, a YAML path, a dict or a Config.
 
-    Raises ``hyper_ac.config.ConfigError`` (a ``ValueError``) naming the key.
+    Raises ``hyper_ac.planning.config.ConfigError`` (a ``ValueError``) naming the key.
     """
     if isinstance(source, Config):
         return source

@@ -1,0 +1,1 @@
+"""Capture and serialise: FX joint graph -> the core's graph document."""

@@ -1,0 +1,1 @@
+"""Apply the core's plan to FX, split forward/backward, compile (torch.compile backend)."""
