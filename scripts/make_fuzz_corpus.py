@@ -229,7 +229,9 @@ def seeds(log=print) -> Iterator[tuple[str, str, str]]:
             try:
                 config = load_config(source).json_for(model)
                 _core.plan(graph, config, table)
-            except (ConfigError, ValueError) as error:  # a config that does not fit this graph
+            except _core.GraphError:  # every graph written here must load: a bug in the serialiser or the core
+                raise
+            except (ConfigError, ValueError) as error:  # a config that does not fit this graph (no such module, ...)
                 log(f"  skip {label} x {name}: {type(error).__name__}: {str(error)[:120]}")
                 continue
             if config in seen:  # the same canonical config under another name
