@@ -4,12 +4,14 @@ BUILD_DIR := build/py
 SOURCES := $(shell find core bindings cli tests/cpp -name '*.cc' -o -name '*.h' -o -name '*.cmake' 2>/dev/null) CMakeLists.txt pyproject.toml hyper_ac/configs/op_policy.yaml
 STAMP := $(BUILD_DIR)/.installed
 
-.PHONY: all deps build demo test test-cpp test-python test-sanitize fuzz fuzz-long bench clean
+.PHONY: all deps build demo test test-cpp test-python test-sanitize fuzz fuzz-coverage fuzz-long bench clean
 
 # Sanitizer and fuzz builds: clang, their own build dirs, no Python modules.
 SANITIZE_DIR := build/sanitize
 FUZZ_DIR := build/fuzz
 FUZZ_SECONDS ?= 60
+# Above the largest seed (T5's graph, 293 KB; scripts/make_fuzz_corpus.py).
+FUZZ_MAX_LEN ?= 327680
 JOBS ?= 2
 
 all: build
@@ -42,17 +44,23 @@ test-sanitize:
 	  ctest --test-dir $(SANITIZE_DIR) --output-on-failure
 
 # libFuzzer over graph JSON + config JSON -> plan (docs/testing.md): a fixed-seed
-# run of FUZZ_SECONDS over tests/fuzz/corpus; new inputs go to build/fuzz/corpus,
-# a finding to build/fuzz/crash-* (and fails the target).
+# run of FUZZ_SECONDS over tests/fuzz/corpus (read recursively: its rejected/
+# seeds too); new inputs go to build/fuzz/corpus, a finding to build/fuzz/crash-*
+# (and fails the target).
 fuzz:
 	@bash scripts/install-deps.sh
 	CXX=clang++ cmake -S . -B $(FUZZ_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHYPER_AC_FUZZ=ON -DHYPER_AC_BUILD_TESTS=OFF >/dev/null
 	cmake --build $(FUZZ_DIR) -j $(JOBS) --target fuzz_plan
 	mkdir -p $(FUZZ_DIR)/corpus
-	$(FUZZ_DIR)/fuzz_plan -seed=1 -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
+	$(FUZZ_DIR)/fuzz_plan -seed=1 -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 -max_len=$(FUZZ_MAX_LEN) \
 	  -dict=tests/fuzz/json.dict -artifact_prefix=$(FUZZ_DIR)/ -print_final_stats=1 \
 	  $(FUZZ_DIR)/corpus tests/fuzz/corpus
 	$(FUZZ_DIR)/fuzz_plan -runs=0 tests/fuzz/regressions/fixed
+
+# The same run with clang's source-based coverage (build/fuzzcov): llvm-cov's
+# line coverage of core/src (docs/testing.md, "Fuzz coverage"). Not in `make test`.
+fuzz-coverage:
+	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_MAX_LEN=$(FUZZ_MAX_LEN) JOBS=$(JOBS) bash scripts/fuzz_coverage.sh
 
 test: test-cpp test-python test-sanitize fuzz
 

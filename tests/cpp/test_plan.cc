@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <set>
 #include <string>
@@ -210,6 +211,7 @@ void replay_fuzz_input(const std::string& path) {
   } catch (const ConfigError&) {
   } catch (const ScopeError&) {
   } catch (const MinCutError&) {
+  } catch (const PolicyConflictError&) {
   }
   // Anything else propagates and fails the test (as the fuzz target aborts).
 }
@@ -220,10 +222,20 @@ void replay_fuzz_input(const std::string& path) {
 // `make fuzz`) under the same rules as the fuzz target.
 TEST_CASE("fixed fuzz findings replay cleanly", "[plan][fuzz][numeric]") {
   const std::string dir = std::string(HYPER_AC_TEST_DATA) + "/../fuzz/regressions/fixed/";
-  for (const char* name : {"budget_1e19_overflow", "bytes_2pow62_overflow", "extreme_floats_capacity", "hardware_tiny_speed"}) {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    if (entry.is_regular_file() && entry.path().filename().string()[0] != '.') names.push_back(entry.path().filename().string());
+  CHECK(names.size() >= 7);
+  for (const auto& name : names) {
     INFO(name);
     replay_fuzz_input(dir + name);
   }
+  // policy_conflict_rng_tag: a user tag MUST_RECOMPUTE on a random op is the
+  // documented PolicyConflictError (the fuzz target once called it a finding).
+  const std::string conflict = read_text(dir + "policy_conflict_rng_tag");
+  const auto tagged = load_graph(conflict.substr(0, conflict.find('\0')));
+  CHECK_THROWS_AS(plan(tagged.graph, parse_plan_options(conflict.substr(conflict.find('\0') + 1), kTable)),
+                  PolicyConflictError);
   // bytes_2pow62_overflow in detail: the peaks saturate at INT64_MAX.
   const std::string input = read_text(dir + "bytes_2pow62_overflow");
   const auto loaded = load_graph(input.substr(0, input.find('\0')));

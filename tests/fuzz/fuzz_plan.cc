@@ -6,8 +6,9 @@
 // `python -m hyper_ac op-policy`), read once at start-up.
 //
 // A finding is anything but a documented outcome:
-//   - a plan, or GraphError / ConfigError / ScopeError / MinCutError
-//     (std::invalid_argument subclasses naming what is wrong);
+//   - a plan, or GraphError / ConfigError / ScopeError / MinCutError /
+//     PolicyConflictError (std::invalid_argument subclasses naming what is
+//     wrong; the last: the graph's own checkpoint tags ask for what a rule forbids);
 //   - PlanError means the planner built an invalid plan for a valid graph (a bug): it aborts;
 //   - any other exception (a bare JSON-library error, a "would be a bug"
 //     runtime_error, std::bad_alloc ...) aborts;
@@ -31,6 +32,7 @@
 #include "hyper_ac/plan.h"
 #include "hyper_ac/remat.h"
 #include "hyper_ac/scope.h"
+#include "hyper_ac/tagging.h"
 
 #ifndef HYPER_AC_FUZZ_OP_POLICY
 #define HYPER_AC_FUZZ_OP_POLICY ""
@@ -128,9 +130,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                                 static_cast<long long>(result.stats.simulated_peak_after),
                                 static_cast<long long>(result.stats.budget_bytes));
   } catch (const std::invalid_argument& e) {
-    // GraphError, ConfigError, ScopeError (NoUnitsError), MinCutError: documented.
+    // GraphError, ConfigError, ScopeError (NoUnitsError), MinCutError, PolicyConflictError: documented.
     if (!dynamic_cast<const hyper_ac::GraphError*>(&e) && !dynamic_cast<const hyper_ac::ConfigError*>(&e) &&
-        !dynamic_cast<const hyper_ac::ScopeError*>(&e) && !dynamic_cast<const hyper_ac::MinCutError*>(&e))
+        !dynamic_cast<const hyper_ac::ScopeError*>(&e) && !dynamic_cast<const hyper_ac::MinCutError*>(&e) &&
+        !dynamic_cast<const hyper_ac::PolicyConflictError*>(&e))
       finding("undocumented invalid_argument", e.what());
     if (verbose()) std::fprintf(stderr, "fuzz_plan: rejected: %s\n", e.what());
   } catch (const std::exception& e) {
