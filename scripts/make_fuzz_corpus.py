@@ -122,7 +122,7 @@ def _fake_group():
 def _blocks_graph(make_block: Callable[[], Any], x_shape: tuple, dynamic: bool = False):
     import torch
 
-    from hyper_ac import capture
+    from hyper_ac.frontend import capture
 
     g = _golden_blocks()
     model = g.seeded(lambda: g.Blocks([make_block() for _ in range(2)]))
@@ -138,7 +138,7 @@ def _user_tagged_graph():
     from torch import nn
     from torch.utils.checkpoint import checkpoint
 
-    from hyper_ac import capture
+    from hyper_ac.frontend import capture
 
     class Tagged(nn.Module):
         def __init__(self):
@@ -173,7 +173,9 @@ def graphs() -> Iterator[tuple[str, str, Any]]:
     """(label, graph JSON in the wire form, live model or None) for every graph."""
     import torch
 
-    from hyper_ac import capture, models, serialize
+    from hyper_ac import models
+    from hyper_ac.frontend import capture
+    from hyper_ac.frontend import serialize
 
     def forms(label: str, gm, model):
         yield label, serialize.to_json(gm, model), model
@@ -203,7 +205,7 @@ def graphs() -> Iterator[tuple[str, str, Any]]:
 
 
 def configs() -> dict[str, Any]:
-    from hyper_ac.config import preset_names
+    from hyper_ac.planning.config import preset_names
 
     out = {f"mode_{k}": v for k, v in MODE_CONFIGS.items()}
     out.update({f"preset_{name}": name for name in preset_names()})
@@ -213,7 +215,7 @@ def configs() -> dict[str, Any]:
 def seeds(log=print) -> Iterator[tuple[str, str, str]]:
     """(file name, graph JSON, canonical config JSON) of every pair the core plans."""
     from hyper_ac import _core
-    from hyper_ac.config import ConfigError, load_config
+    from hyper_ac.planning.config import ConfigError, load_config
 
     table = OP_POLICY.read_text()
     base = configs()
@@ -337,7 +339,7 @@ def dictionary_entries() -> list[str]:
             except ValueError:
                 continue  # rejected seeds may not be JSON
     configs_ += [v for v in MODE_CONFIGS.values()] + list(EXTRA_CONFIGS.values())
-    from hyper_ac.config import CONFIG_DIR, _read_yaml, preset_names
+    from hyper_ac.planning.config import CONFIG_DIR, _read_yaml, preset_names
 
     configs_ += [_read_yaml(CONFIG_DIR / f"{name}.yaml") for name in preset_names()]
     for doc in docs:
