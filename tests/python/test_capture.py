@@ -10,7 +10,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from hyper_ac import annotate, capture, models, module_path
+from hyper_ac import annotate, capture, fx_meta, models, module_path
 from hyper_ac.annotate import annotate_joint
 from hyper_ac.capture import CaptureError, capture_joint
 from hyper_ac.module_path import normalize_module_path
@@ -27,18 +27,18 @@ def run_joint(cg: capture.CapturedGraph):
     for n in cg.graph.nodes:
         if n.op != "placeholder":
             continue
-        if n.meta["ac_role"] == "tangent":
-            v = n.meta["val"]
+        if fx_meta.role(n) == "tangent":
+            v = fx_meta.val(n)
             vals.append(torch.ones(v.shape, dtype=v.dtype))
         else:
-            vals.append(cg.example_inputs[n.meta["desc"].idx])
+            vals.append(cg.example_inputs[fx_meta.desc(n).idx])
     with torch.no_grad():
         out = fx.Interpreter(cg.graph_module).run(*vals)
     return torch.utils._pytree.tree_leaves(out, is_leaf=lambda x: x is None)
 
 
 def primals(gm: fx.GraphModule) -> list[fx.Node]:
-    return [n for n in gm.graph.nodes if n.op == "placeholder" and n.meta["ac_role"] != "tangent"]
+    return [n for n in gm.graph.nodes if n.op == "placeholder" and fx_meta.role(n) != "tangent"]
 
 
 # --------------------------------------------------------------------------

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 _core = pytest.importorskip("hyper_ac._core", reason="hyper_ac._core not built (make build)")
 
-from hyper_ac import annotate, capture, config, models, serialize  # noqa: E402  (config imports _core)
+from hyper_ac import annotate, capture, config, fx_meta, models, serialize  # noqa: E402  (config imports _core)
 from hyper_ac.op_facts import target_name  # noqa: E402
 
 GOLDEN_DIR = Path(__file__).resolve().parents[1] / "data" / "golden"
@@ -110,7 +110,7 @@ class Planned:
         out = []
         elided = self.elided
         for n in self.gm.graph.nodes:
-            if n.op != "call_function" or n.meta.get("autograd_backward") or n.name in elided:
+            if n.op != "call_function" or fx_meta.is_backward(n) or n.name in elided:
                 continue
             fqn = innermost(n)
             if under is not None and not (fqn == under or fqn.startswith(under + ".")):
@@ -133,7 +133,7 @@ class Planned:
 
 
 def innermost(node: fx.Node) -> str:
-    stack = node.meta.get("ac_module_stack") or []
+    stack = fx_meta.module_stack(node)
     return stack[0][0] if stack else ""
 
 
