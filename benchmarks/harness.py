@@ -81,6 +81,8 @@ def _instrument(aot_backend: Any, probe: _Probe, *, snapshot: bool = False, budg
     """
     import torch._functorch.config as functorch_config
 
+    from hyper_ac import fx_meta
+
     kwargs = _find_aot_backend(aot_backend).kwargs
     if runner == "boxed":
         from hyper_ac.lower.backends import boxed_fx_compiler
@@ -92,7 +94,7 @@ def _instrument(aot_backend: Any, probe: _Probe, *, snapshot: bool = False, budg
     def partition_fn(joint, joint_inputs, *, num_fwd_outputs: int, **rest: Any):
         probe.joint_nodes = len(joint.graph.nodes)
         probe.joint_graph = joint  # rewritten in place by hyper_ac's pass: what the simulator simulated
-        probe.resident_bytes = sum(_int_bytes(n.meta.get("val")) for n in joint.graph.nodes if n.op == "placeholder")
+        probe.resident_bytes = sum(_int_bytes(fx_meta.val(n)) for n in joint.graph.nodes if n.op == "placeholder")
         if snapshot:
             try:
                 with _quiet():
@@ -114,7 +116,7 @@ def _instrument(aot_backend: Any, probe: _Probe, *, snapshot: bool = False, budg
         out = next(n for n in reversed(fw.graph.nodes) if n.op == "output")
         saved = [a for a in out.args[0][num_fwd_outputs:] if hasattr(a, "op")]
         probe.saved_values_graph = len(saved)
-        probe.saved_bytes_graph = sum(_int_bytes(a.meta.get("val")) for a in saved if a.op != "placeholder")
+        probe.saved_bytes_graph = sum(_int_bytes(fx_meta.val(a)) for a in saved if a.op != "placeholder")
         return fw, bw
 
     def fw_compiler(gm, example_inputs):
@@ -203,7 +205,7 @@ def joint_run_peak(probe: _Probe) -> Optional[int]:
     """
     import torch
 
-    from hyper_ac import memory
+    from hyper_ac import fx_meta, memory
 
     gm = probe.joint[0] if probe.joint is not None else probe.joint_graph
     if gm is None or probe.example_inputs is None or not memory.is_available():
@@ -213,8 +215,8 @@ def joint_run_peak(probe: _Probe) -> Optional[int]:
     for node in gm.graph.nodes:
         if node.op != "placeholder":
             continue
-        if node.meta.get("ac_role") == "tangent" or str(node.target).startswith("tangents"):
-            val = node.meta["val"]
+        if fx_meta.role(node) == "tangent" or str(node.target).startswith("tangents"):
+            val = fx_meta.val(node)
             args.append(torch.ones(tuple(int(d) for d in val.shape), dtype=val.dtype))
         else:
             args.append(next(primals))

@@ -147,10 +147,12 @@ def replicate_layers(gm, num_fwd_outputs: int, k: int):
     """
     import torch.fx as fx
 
+    from hyper_ac import fx_meta
+
     nodes = list(gm.graph.nodes)
 
     def stack_layer(n):
-        for fqn, _type in n.meta.get("ac_module_stack", []):
+        for fqn, _type in fx_meta.module_stack(n):
             j = _layer_of_fqn(fqn)
             if j is not None:
                 return j
@@ -162,9 +164,9 @@ def replicate_layers(gm, num_fwd_outputs: int, k: int):
         return target_name(n) if n.op == "call_function" else str(n.target)
 
     splice = _Splice(
-        nodes, lambda n: n.all_input_nodes, stack_layer, lambda n: bool(n.meta.get("autograd_backward")),
-        lambda n: n.op, target, lambda n: n.op == "placeholder" and n.meta.get("ac_role") in ("parameter", "buffer")
-        and str(n.target).startswith("primals"), k, accumulates=lambda n: bool(n.meta.get("is_gradient_acc")))
+        nodes, lambda n: n.all_input_nodes, stack_layer, fx_meta.is_backward,
+        lambda n: n.op, target, lambda n: n.op == "placeholder" and fx_meta.role(n) in ("parameter", "buffer")
+        and str(n.target).startswith("primals"), k, accumulates=fx_meta.is_gradient_acc)
     graph = fx.Graph()
     env: dict = {}
     primal_count = sum(1 for n in nodes if n.op == "placeholder" and str(n.target).startswith("primals"))
@@ -177,9 +179,10 @@ def replicate_layers(gm, num_fwd_outputs: int, k: int):
     def relabel(meta: dict, m: Optional[int]) -> dict:
         meta = dict(meta)
         if m is not None:
-            meta["ac_module_stack"] = [(_rename_layer(f, m), t) for f, t in meta.get("ac_module_stack", [])]
-            if "ac_source" in meta:
-                meta["ac_source"] = _rename_layer(meta["ac_source"], m)
+            stack = meta.get(fx_meta.MODULE_STACK) or []
+            meta[fx_meta.MODULE_STACK] = [(_rename_layer(f, m), t) for f, t in stack]
+            if fx_meta.SOURCE in meta:
+                meta[fx_meta.SOURCE] = _rename_layer(meta[fx_meta.SOURCE], m)
         return meta
 
     for op in splice.schedule():
@@ -209,7 +212,7 @@ def replicate_layers(gm, num_fwd_outputs: int, k: int):
         outs.append(None if g is None else env[splice.resolve(g, 1, m)])
     new_out = graph.output(outs)
     new_out.meta = dict(output_node.meta)
-    new_out.meta.pop("desc", None)
+    new_out.meta.pop(fx_meta.DESC, None)
     graph.lint()
     return fx.GraphModule(gm, graph)
 
@@ -294,12 +297,13 @@ def _summary(gm) -> dict:
 
 def same_structure(a, b) -> bool:
     """Two joint graphs with the same node count, phase split and operator multiset."""
+    from hyper_ac import fx_meta
     from hyper_ac.frontend.op_facts import target_name
 
     def sig(gm):
         c = Counter()
         for n in gm.graph.nodes:
-            c[(n.op, target_name(n) if n.op == "call_function" else "", bool(n.meta.get("autograd_backward")))] += 1
+            c[(n.op, target_name(n) if n.op == "call_function" else "", fx_meta.is_backward(n))] += 1
         return c
 
     return sig(a) == sig(b)

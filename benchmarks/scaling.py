@@ -12,6 +12,7 @@ from benchmarks.common import (ScalingOptions, _best, _first_line, _progress, _q
                                cli_timings, hac_config)
 from benchmarks.replicate import _summary, replicate_layers, replicate_layers_json, same_structure
 from benchmarks.flow import run_flow_comparison
+from hyper_ac import fx_meta
 from hyper_ac.lower._fx import copy_graph_module
 
 # --------------------------------------------------------------------------
@@ -199,7 +200,7 @@ def run_core_only(template, opts: ScalingOptions, log: Callable[[str], None]) ->
 
     rows: list[dict] = []
     doc = serialize_graph(template.graph_module)
-    acc = [i for i, n in enumerate(template.graph_module.graph.nodes) if n.meta.get("is_gradient_acc")]
+    acc = [i for i, n in enumerate(template.graph_module.graph.nodes) if fx_meta.is_gradient_acc(n)]
     base = len(doc["nodes"])
     per_layer = len(replicate_layers_json(doc, opts.template_layers + 1, acc)["nodes"]) - base
     k = max(opts.template_layers, opts.template_layers + int(math.ceil((opts.core_nodes - base) / max(per_layer, 1))))

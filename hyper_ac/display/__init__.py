@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 from torch import fx
 
+from hyper_ac import fx_meta
 from hyper_ac.display.svg import COLOURS, GraphPicture, draw as _draw, units
 from hyper_ac.display.timeline import Frontier, MemoryTimeline, frontier, memory
 
@@ -28,7 +29,7 @@ __all__ = ["COLOURS", "Frontier", "GraphPicture", "MemoryTimeline", "TaggedGraph
 
 
 def _bytes(node: fx.Node) -> int:
-    val = node.meta.get("val")
+    val = fx_meta.val(node)
     values = val if isinstance(val, (tuple, list)) else [val]
     total = 0
     for v in values:
@@ -57,18 +58,18 @@ class TaggedGraph:
             _draw(gm, unit, phase=phase)  # a bad unit fails here, not at display time
         self.rows = []
         for node in gm.graph.nodes:
-            backward = bool(node.meta.get("autograd_backward", False))
+            backward = fx_meta.is_backward(node)
             if phase == "forward" and backward or phase == "backward" and not backward:
                 continue
-            policy = node.meta.get("recompute")
-            stack = node.meta.get("ac_module_stack") or []
+            policy = fx_meta.policy(node)
+            stack = fx_meta.module_stack(node)
             self.rows.append({
                 "phase": "B" if backward else "F",
                 "name": node.name,
                 "op": node.op if node.op != "call_function" else str(getattr(node.target, "__name__", node.target)),
                 "module": stack[0][0] if stack else "",
                 "policy": getattr(policy, "name", "") if policy is not None else "",
-                "duplicate_of": node.meta.get("ac_recomputed_from", ""),
+                "duplicate_of": fx_meta.recomputed_from(node) or "",
                 "bytes": _bytes(node),
             })
         self.truncated = max(0, len(self.rows) - limit)

@@ -25,6 +25,7 @@ from typing import Optional
 
 from torch import fx
 
+from hyper_ac import fx_meta
 __all__ = ["COLOURS", "POLICIES", "GraphPicture", "draw", "unit_of", "units"]
 
 # One palette for the table, the pictures and the legends: reds save, blues
@@ -66,31 +67,27 @@ def render_svg(dot_source: str, *, timeout: float = 60.0) -> str:
 
 def policy_key(node: fx.Node) -> str:
     """``duplicate``, a policy name, or ``untagged``."""
-    if node.meta.get("ac_recomputed_from"):
+    if fx_meta.is_duplicate(node):
         return "duplicate"
-    policy = node.meta.get("recompute")
+    policy = fx_meta.policy(node)
     return getattr(policy, "name", None) or "untagged"
-
-
-def _backward(node: fx.Node) -> bool:
-    return bool(node.meta.get("autograd_backward", False))
 
 
 def unit_of(node: fx.Node) -> str:
     """The top-level module a node belongs to (outermost entry of its module stack), or ``""``."""
-    stack = node.meta.get("ac_module_stack") or []
+    stack = fx_meta.module_stack(node)
     return stack[-1][0] if stack else ""
 
 
 def _in_unit(node: fx.Node, unit: str) -> bool:
-    for fqn, _type in node.meta.get("ac_module_stack") or []:
+    for fqn, _type in fx_meta.module_stack(node):
         if fqn == unit or fqn.startswith(unit + "."):
             return True
     return False
 
 
 def _is_saved_edge(producer: fx.Node, consumer: fx.Node) -> bool:
-    return not _backward(producer) and _backward(consumer) and producer.op not in ("placeholder", "get_attr")
+    return not fx_meta.is_backward(producer) and fx_meta.is_backward(consumer) and producer.op not in ("placeholder", "get_attr")
 
 
 def _op_label(node: fx.Node) -> str:
@@ -164,7 +161,7 @@ def _graph_header(title: str) -> list[str]:
 
 def draw_unit(gm: fx.GraphModule, unit: str, *, phase: Optional[str] = None, max_nodes: int = 400) -> GraphPicture:
     nodes = [n for n in gm.graph.nodes if _in_unit(n, unit)
-             and (phase is None or (phase == "backward") == _backward(n))]
+             and (phase is None or (phase == "backward") == fx_meta.is_backward(n))]
     if not nodes:
         units = sorted({unit_of(n) for n in gm.graph.nodes} - {""})
         raise ValueError(f"no node belongs to unit {unit!r}; units in this graph: {units}")
@@ -177,7 +174,7 @@ def draw_unit(gm: fx.GraphModule, unit: str, *, phase: Optional[str] = None, max
     saved = 0
     externals: dict[fx.Node, None] = {}
     for label, backward in (("forward", False), ("backward (recomputed copies in purple)", True)):
-        members = [n for n in nodes if _backward(n) == backward]
+        members = [n for n in nodes if fx_meta.is_backward(n) == backward]
         if not members:
             continue
         lines.append(f"  subgraph cluster_{'bwd' if backward else 'fwd'} {{ label={_q(label)}; "
@@ -188,7 +185,7 @@ def draw_unit(gm: fx.GraphModule, unit: str, *, phase: Optional[str] = None, max
             text = n.name if n.name.rstrip("0123456789").rstrip("_") == op.split(".")[0] else f"{n.name}\n{op}"
             attrs = [f"fillcolor={_q(COLOURS[key])}"]
             if key == "duplicate":
-                text += f"\n(copy of {n.meta['ac_recomputed_from']})"
+                text += f"\n(copy of {fx_meta.recomputed_from(n)})"
                 attrs.append('style="filled,dashed"')
                 attrs.append("penwidth=1.5")
             if any(_is_saved_edge(n, u) for u in n.users):
@@ -211,7 +208,7 @@ def draw_unit(gm: fx.GraphModule, unit: str, *, phase: Optional[str] = None, max
         lines.append(f"  {_q(ext.name)} [label={_q(ext.name)}, shape=plaintext, style=\"\", fontcolor={_q(_EXTERNAL)}, "
                      "fontsize=8];")
     lines.extend(edges)
-    saved_values = {n for n in nodes if not _backward(n) and any(_is_saved_edge(n, u) for u in n.users)}
+    saved_values = {n for n in nodes if not fx_meta.is_backward(n) and any(_is_saved_edge(n, u) for u in n.users)}
     saved_values |= {a for n in nodes for a in n.all_input_nodes if _is_saved_edge(a, n)}
     lines.append("  " + _legend(counts, saved_values=len(saved_values)))
     lines.append("}")
@@ -232,9 +229,9 @@ def draw_collapsed(gm: fx.GraphModule, *, phase: Optional[str] = None) -> GraphP
     for n in gm.graph.nodes:
         if n.op in ("placeholder", "output", "get_attr"):
             continue
-        if phase is not None and (phase == "backward") != _backward(n):
+        if phase is not None and (phase == "backward") != fx_meta.is_backward(n):
             continue
-        group[n] = (unit_of(n) or "(no module)", _backward(n))
+        group[n] = (unit_of(n) or "(no module)", fx_meta.is_backward(n))
     members: dict[tuple[str, bool], list[fx.Node]] = defaultdict(list)
     for n, key in group.items():
         members[key].append(n)

@@ -22,6 +22,8 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 from torch import fx
 
+from hyper_ac import fx_meta
+
 __all__ = ["Frontier", "MemoryTimeline", "frontier", "memory"]
 
 def _unit(peak: float) -> tuple[float, str]:
@@ -147,17 +149,17 @@ def _inputs_for(gm: fx.GraphModule, captured: Any) -> list[Any]:
         return list(given)
     out = []
     for node in placeholders:
-        if "val" not in node.meta:
-            raise ValueError(f"placeholder '{node.name}' has no meta['val'] to build an input from; "
+        if fx_meta.VAL not in node.meta:
+            raise ValueError(f"placeholder '{node.name}' has no meta[{fx_meta.VAL!r}] to build an input from; "
                              "pass inputs=[...] to hyper_ac.display.memory")
-        out.append(_synthesize(node.meta["val"]))
+        out.append(_synthesize(node.meta[fx_meta.VAL]))
     return out
 
 
 def _boundary(gm: fx.GraphModule) -> int:
     last = -1
     for i, node in enumerate(n for n in gm.graph.nodes if n.op != "placeholder"):
-        if not node.meta.get("autograd_backward", False):
+        if not fx_meta.is_backward(node):
             last = i
     return last
 
@@ -186,7 +188,7 @@ def memory(captured: Any, config: Any, *, model: Any = None, inputs: Optional[li
     if model is None:
         model = getattr(captured, "model", None)
     cfg = hyper_ac.load_config(config)
-    if any(n.meta.get("ac_recomputed_from") for n in gm.graph.nodes):
+    if any(fx_meta.is_duplicate(n) for n in gm.graph.nodes):
         raise ValueError("memory() needs the graph before the pass, but this one was already rewritten "
                          "(it has recomputed copies); pass the freshly captured graph")
     if not measure:

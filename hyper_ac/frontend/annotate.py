@@ -11,27 +11,23 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections import Counter
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.fx as fx
 import torch.nn as nn
 
+from hyper_ac import fx_meta
+from hyper_ac.fx_meta import ROLES
 from hyper_ac.frontend.module_path import _ModulePathResolver
 
 __all__ = [
     "CaptureError",
     "JointAnnotation",
-    "ROLES",
     "annotate_joint",
-    "classify_example_inputs",
     "num_forward_outputs_from_descs",
     "phase_of",
-    "role_counts",
 ]
-
-ROLES = ("parameter", "buffer", "input", "tangent")
 
 
 class CaptureError(RuntimeError):
@@ -57,7 +53,7 @@ def num_forward_outputs_from_descs(joint: fx.GraphModule) -> int | None:
     from torch._functorch._aot_autograd.descriptors import GradAOTOutput
 
     out = _output_node(joint.graph)
-    descs = out.meta.get("desc")
+    descs = fx_meta.desc(out)
     if descs is None:
         return None
     n = 0
@@ -97,14 +93,14 @@ _BACKWARD_PLACEHOLDER_DESCS = {
 
 
 def _is_tangent(node: fx.Node) -> bool:
-    desc = node.meta.get("desc")
+    desc = fx_meta.desc(node)
     if desc is not None:
         return _desc_name(desc) == "TangentAOTInput"
     return isinstance(node.target, str) and node.target.startswith("tangents")
 
 
 def _is_backward_placeholder(node: fx.Node) -> bool:
-    desc = node.meta.get("desc")
+    desc = fx_meta.desc(node)
     if desc is not None:
         return _desc_name(desc) in _BACKWARD_PLACEHOLDER_DESCS
     t = node.target if isinstance(node.target, str) else ""
@@ -172,7 +168,7 @@ def annotate_joint(
     # position must not stretch the boundary over the backward, or every
     # tangent-free backward node (a decomposed batch-norm backward's x - mean)
     # would count as forward.
-    pinned_forward = [n for n in nodes if n.meta.get("partitioner_tag") == "must_be_in_forward" and n.op != "placeholder"]
+    pinned_forward = [n for n in nodes if fx_meta.partitioner_tag(n) == "must_be_in_forward" and n.op != "placeholder"]
     # Forward dependency cone of the forward outputs and of those nodes' inputs.
     fwd_required: set[fx.Node] = set()
     stack = list(fwd_outputs) + [i for n in pinned_forward for i in n.all_input_nodes]
@@ -186,7 +182,7 @@ def annotate_joint(
     for n in fwd_required:
         boundary = max(boundary, index[n])
     for n in nodes:
-        if n.meta.get("partitioner_tag") == "is_forward" and n.op != "placeholder":
+        if fx_meta.partitioner_tag(n) == "is_forward" and n.op != "placeholder":
             boundary = max(boundary, index[n])
     pinned = set(pinned_forward)
     # Tangent closure (classify_nodes' required_bw_nodes before adding outputs).
@@ -207,31 +203,31 @@ def annotate_joint(
             continue
         if (
             (index[n] > boundary and n not in pinned)
-            or n.meta.get("partitioner_tag") == "must_be_in_backward"
+            or fx_meta.partitioner_tag(n) == "must_be_in_backward"
             or any(i in backward for i in n.all_input_nodes)
         ):
             backward.add(n)
     for n in nodes:
-        n.meta["autograd_backward"] = n in backward
+        fx_meta.set_backward(n, n in backward)
 
     # ---- module stacks ----------------------------------------------------
     resolver = _ModulePathResolver(model, root_prefix, nodes)
     fwd_by_seq: dict[Any, fx.Node] = {}
     for n in nodes:
-        if n in backward or "seq_nr" not in n.meta or n.op != "call_function":
+        if n in backward or fx_meta.SEQ_NR not in n.meta or n.op != "call_function":
             continue
-        fwd_by_seq.setdefault(n.meta["seq_nr"], n)
+        fwd_by_seq.setdefault(n.meta[fx_meta.SEQ_NR], n)
     for n in nodes:
         raw = None
         if n.op == "call_function":
             if n not in backward:
-                raw = n.meta.get("nn_module_stack")
-            elif not n.meta.get("is_gradient_acc", False):
-                src = fwd_by_seq.get(n.meta.get("seq_nr"))
-                raw = src.meta.get("nn_module_stack") if src is not None else None
+                raw = n.meta.get(fx_meta.NN_MODULE_STACK)
+            elif not fx_meta.is_gradient_acc(n):
+                src = fwd_by_seq.get(n.meta.get(fx_meta.SEQ_NR))
+                raw = src.meta.get(fx_meta.NN_MODULE_STACK) if src is not None else None
                 if raw is None:
-                    raw = n.meta.get("fwd_nn_module_stack")
-        n.meta["ac_module_stack"] = resolver.stack(raw) if raw else []
+                    raw = n.meta.get(fx_meta.FWD_NN_MODULE_STACK)
+        fx_meta.set_module_stack(n, resolver.stack(raw) if raw else [])
 
     # ---- placeholder roles -----------------------------------------------
     placeholders = [n for n in nodes if n.op == "placeholder"]
@@ -239,11 +235,7 @@ def annotate_joint(
         placeholders, outputs, num_fwd_outputs, model, example_inputs, input_roles, resolver
     )
     for n in placeholders:
-        n.meta["ac_role"] = roles[n.name]
-        if n.name in sources:
-            n.meta["ac_source"] = sources[n.name]
-        else:
-            n.meta.pop("ac_source", None)
+        fx_meta.set_role(n, roles[n.name], sources.get(n.name))
 
     return JointAnnotation(
         num_fwd_outputs=num_fwd_outputs,
@@ -298,11 +290,11 @@ def _placeholder_roles(
 
     # Descriptor mode (export route): parameters and buffers carry their own
     # descriptors, so every PlainAOTInput is a user input.
-    descriptor_mode = any(isinstance(p.meta.get("desc"), (ParamAOTInput, BufferAOTInput)) for p in primals)
+    descriptor_mode = any(isinstance(fx_meta.desc(p), (ParamAOTInput, BufferAOTInput)) for p in primals)
 
     used: set[str] = set()
     for pos, p in enumerate(primals):
-        d = p.meta.get("desc")
+        d = fx_meta.desc(p)
         role = None
         if isinstance(d, ParamAOTInput):
             role, how = "parameter", "descriptors"
@@ -352,15 +344,6 @@ def _tensor_names(model: nn.Module) -> tuple[dict[int, str], dict[int, str]]:
     return params, buffers
 
 
-def classify_example_inputs(example_inputs: Iterable[Any], model: nn.Module | None = None) -> list[str]:
-    """Role of each flat input a dynamo backend receives (``parameter``/``buffer``/``input``)."""
-    param_by_id: dict[int, str] = {}
-    buffer_by_id: dict[int, str] = {}
-    if model is not None:
-        param_by_id, buffer_by_id = _tensor_names(model)
-    return [_classify_one(v, param_by_id, buffer_by_id, {}, "") for v in example_inputs]
-
-
 def phase_of(node: fx.Node, backward_nodes: set[fx.Node]) -> bool:
     """The phase of one node: ``True`` for backward.
 
@@ -369,10 +352,9 @@ def phase_of(node: fx.Node, backward_nodes: set[fx.Node]) -> bool:
     else backward iff one of its inputs is (``backward_nodes``: the backward
     nodes seen so far, in graph order); the ``output`` node is backward.
     """
-    flag = node.meta.get("autograd_backward")
-    if flag is not None:
-        return bool(flag)
-    tag = node.meta.get("partitioner_tag")
+    if fx_meta.has_phase(node):
+        return fx_meta.is_backward(node)
+    tag = fx_meta.partitioner_tag(node)
     if tag in ("is_backward", "must_be_in_backward"):
         return True
     if tag in ("is_forward", "must_be_in_forward"):
@@ -381,7 +363,3 @@ def phase_of(node: fx.Node, backward_nodes: set[fx.Node]) -> bool:
         return True
     # not annotated: backward iff it reads a backward value
     return any(i in backward_nodes for i in node.all_input_nodes)
-
-
-def role_counts(gm: fx.GraphModule) -> Counter:
-    return Counter(n.meta.get("ac_role") for n in gm.graph.nodes if n.op == "placeholder")

@@ -32,6 +32,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
+from hyper_ac import fx_meta
 from hyper_ac.lower._fx import copy_graph_module
 from hyper_ac.frontend.annotate import CaptureError, JointAnnotation, annotate_joint, num_forward_outputs_from_descs
 from hyper_ac.planning.config import apply_adapter_hook
@@ -82,7 +83,7 @@ class CapturedGraph:
         return self.annotation.roles
 
     def nodes_by_phase(self, backward: bool) -> list[fx.Node]:
-        return [n for n in self.graph_module.graph.nodes if n.meta.get("autograd_backward") is backward]
+        return [n for n in self.graph_module.graph.nodes if fx_meta.is_backward(n) == backward]
 
     def to_json(self, **kwargs: Any) -> str:
         from hyper_ac.frontend.serialize import to_json

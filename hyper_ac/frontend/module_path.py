@@ -14,6 +14,8 @@ from typing import Any
 import torch.fx as fx
 import torch.nn as nn
 
+from hyper_ac import fx_meta
+
 __all__ = ["normalize_module_path"]
 
 
@@ -97,9 +99,9 @@ class _ModulePathResolver:
             common: list[str] | None = None
             firsts: set[tuple[str, ...]] = set()
             for n in nodes:
-                if n.op != "call_function" or n.meta.get("autograd_backward"):
+                if n.op != "call_function" or fx_meta.is_backward(n):
                     continue
-                stack = n.meta.get("nn_module_stack")
+                stack = n.meta.get(fx_meta.NN_MODULE_STACK)
                 if not stack:
                     return []
                 first = normalize_module_path(next(iter(stack.values()))[0])
@@ -114,7 +116,7 @@ class _ModulePathResolver:
             # Only a prefix that is itself an entry (the root module) is stripped.
             return common if common and tuple(common) in firsts else []
         for n in nodes:
-            stack = n.meta.get("nn_module_stack")
+            stack = n.meta.get(fx_meta.NN_MODULE_STACK)
             if not stack:
                 continue
             for key, value in stack.items():

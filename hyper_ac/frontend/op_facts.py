@@ -19,12 +19,19 @@ from typing import Any, Iterable
 import torch
 import torch.fx as fx
 
-__all__ = ["COLLECTIVE_NAMESPACES", "OpFacts", "dtype_name", "op_facts", "target_name"]
+from hyper_ac import fx_meta
+
+__all__ = ["COLLECTIVE_NAMESPACES", "HIGHER_ORDER_NAMESPACE", "OpFacts", "dtype_name", "op_facts", "target_name"]
 
 #: Operator namespaces whose ops are communication collectives.
 COLLECTIVE_NAMESPACES = frozenset(
     {"_c10d_functional", "c10d_functional", "_c10d_functional_autograd", "c10d", "_dtensor", "symm_mem"}
 )
+
+#: The namespace of a higher-order op's target name, ``higher_order::<name>``
+#: (``torch.ops.higher_order.<name>``): one spelling, with ``::`` as every
+#: operator's, so an op table names ``higher_order::flex_attention``.
+HIGHER_ORDER_NAMESPACE = "higher_order"
 
 #: Higher-order ops that run RNG (no schema tags to read).
 _RNG_HOPS = frozenset(
@@ -67,7 +74,7 @@ def _callable_name(target: Any) -> str:
     elif isinstance(target, torch._ops.OpOverloadPacket):
         name = target._qualified_op_name
     elif isinstance(target, torch._ops.HigherOrderOperator):
-        name = f"higher_order::{target.name()}"
+        name = f"{HIGHER_ORDER_NAMESPACE}::{target.name()}"
     elif target is operator.getitem:
         name = "operator.getitem"
     else:
@@ -255,7 +262,7 @@ def rng_state_bytes(node: fx.Node) -> int:
     device = node.kwargs.get("device")
     if device is None:
         for arg in node.all_input_nodes:
-            val = arg.meta.get("val")
+            val = fx_meta.val(arg)
             if isinstance(val, torch.Tensor):
                 device = val.device
                 break
@@ -285,7 +292,7 @@ def is_exact_copy(node: fx.Node) -> bool:
     inputs = node.all_input_nodes
     if len(inputs) != 1 or node.args[:1] != (inputs[0],):
         return False
-    out, src = node.meta.get("val"), inputs[0].meta.get("val")
+    out, src = fx_meta.val(node), fx_meta.val(inputs[0])
     if not isinstance(out, torch.Tensor) or not isinstance(src, torch.Tensor):
         return False
     if out.dtype != src.dtype or out.device != src.device or out.layout != torch.strided or src.layout != torch.strided:
@@ -399,7 +406,7 @@ def _with_hinted_shapes(value: Any, fallback: int) -> Any:
 
 def _node_val(a: Any) -> Any:
     if isinstance(a, fx.Node):
-        return a.meta.get("val")
+        return fx_meta.val(a)
     if isinstance(a, (list, tuple)):
         return type(a)(_node_val(v) for v in a)
     if isinstance(a, dict):
@@ -420,7 +427,7 @@ _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.la
 def _signature(value: Any, fallback: int) -> Any:
     """A hashable stand-in for a flop formula's argument (tensors → shape, dtype)."""
     if isinstance(value, fx.Node):
-        value = value.meta.get("val")
+        value = fx_meta.val(value)
     if isinstance(value, torch.Tensor):
         shape = value.shape
         for s in shape:
@@ -449,7 +456,7 @@ def _flops(node: fx.Node, facts: OpFacts, fallback: int) -> float:
                 node.target,
                 _signature(node.args, fallback),
                 tuple(sorted((k, _signature(v, fallback)) for k, v in node.kwargs.items())),
-                _signature(node.meta.get("val"), fallback),
+                _signature(fx_meta.val(node), fallback),
             )
         except _Unhashable:
             key = None
@@ -460,7 +467,7 @@ def _flops(node: fx.Node, facts: OpFacts, fallback: int) -> float:
     try:
         args = _with_hinted_shapes(_node_val(node.args), fallback)
         kwargs = {k: _with_hinted_shapes(v, fallback) for k, v in _node_val(dict(node.kwargs)).items()}
-        out = _with_hinted_shapes(node.meta.get("val"), fallback)
+        out = _with_hinted_shapes(fx_meta.val(node), fallback)
         value = formula(*args, **kwargs, out_val=out)
         if isinstance(value, torch.SymInt):
             value = _hint(value, fallback)

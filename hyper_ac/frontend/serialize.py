@@ -34,7 +34,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from hyper_ac import _core
+from hyper_ac import _core, fx_meta
 from hyper_ac.lower._gc import paused_gc
 from hyper_ac.frontend.annotate import phase_of
 from hyper_ac.frontend.op_facts import (_PY_SYM_TYPES, _flops, _output_facts, _positions, is_exact_copy, may_be_exact_copy,
@@ -127,14 +127,6 @@ def model_facts(model: nn.Module) -> dict:
 
 
 
-def _graph_id(node: fx.Node) -> int | None:
-    """The checkpoint region (``meta["ac_graph_id"]``) of a tagged node, or None."""
-    if node.meta.get("recompute") is None:
-        return None
-    graph_id = node.meta.get("ac_graph_id")
-    return int(graph_id) if isinstance(graph_id, int) and graph_id >= 0 else None
-
-
 def _policy_name(value: Any) -> str | None:
     if value is None:
         return None
@@ -142,7 +134,7 @@ def _policy_name(value: Any) -> str | None:
     if isinstance(name, str) and name in _POLICIES:
         return name
     raise ValueError(
-        f"meta['recompute'] holds {value!r}; graph format v1 accepts only the CheckpointPolicy values "
+        f"meta[{fx_meta.RECOMPUTE!r}] holds {value!r}; graph format v1 accepts only the CheckpointPolicy values "
         f"{', '.join(_POLICIES)} (CPU-offload policies are not supported)"
     )
 
@@ -150,17 +142,14 @@ def _policy_name(value: Any) -> str | None:
 def _role_of(node: fx.Node) -> str:
     if node.op != "placeholder":
         return "activation"
-    role = node.meta.get("ac_role")
+    role = fx_meta.role(node)
     if role is not None:
         return role
     return "tangent" if str(node.target).startswith("tangents") else "input"
 
 
 def _module_stack(node: fx.Node) -> list[dict]:
-    stack = node.meta.get("ac_module_stack")
-    if not stack:
-        return []
-    return [{"fqn": fqn, "type": typ} for fqn, typ in stack]
+    return [{"fqn": fqn, "type": typ} for fqn, typ in fx_meta.module_stack(node)]
 
 
 def serialize_graph(
@@ -195,7 +184,7 @@ def _input_mutation_descs(graph: fx.Graph) -> list:
         return []
     for node in reversed(graph.nodes):
         if node.op == "output":
-            return [d.mutated_input for d in node.meta.get("desc") or () if isinstance(d, InputMutationAOTOutput)]
+            return [d.mutated_input for d in fx_meta.desc(node) or () if isinstance(d, InputMutationAOTOutput)]
     return []
 
 
@@ -258,20 +247,17 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
         meta = node.meta
         inputs = node.all_input_nodes
         input_ids = [ids[n] for n in inputs]
-        flag = meta.get("autograd_backward")
+        flag = meta.get(fx_meta.BACKWARD)  # phase_of, inlined: None = not annotated
         is_bwd = bool(flag) if flag is not None else phase_of(node, backward_nodes)
         if is_bwd:
             backward_nodes.add(node)
-        val = meta.get("val")
+        val = meta.get(fx_meta.VAL)
         flops = 0.0
         rng = collective = view = subgraph = False
         mutated_inputs: list[int] = []
         aliased_inputs: list[int] = []
-        recomputed_from = None
+        recomputed_from = fx_meta.recomputed_from(node)
         extra: list[tuple[str, Any]] = []  # fields written only when set, in this order
-        src = meta.get("ac_recomputed_from")
-        if src is not None:
-            recomputed_from = src.name if isinstance(src, fx.Node) else str(src)
         if op == "call_function":
             target = node.target
             known = target_facts.get(id(target))
@@ -350,16 +336,16 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
         symint = isinstance(val, sym_types)
         if op == "placeholder":
             role = _role_of(node)
-            mutated = meta.get("desc") in mutated_descs
+            mutated = meta.get(fx_meta.DESC) in mutated_descs
         else:
             role = "activation"
             mutated = False
-        recompute = meta.get("recompute")
+        recompute = meta.get(fx_meta.RECOMPUTE)
         if recompute is None:
             policy = graph_id = None
         else:
             policy = _policy_name(recompute)
-            graph_id = _graph_id(node)
+            graph_id = fx_meta.graph_id(node)
         phase = "backward" if is_bwd else "forward"
         if not wire:
             entry: dict[str, Any] = {
@@ -407,7 +393,7 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
             text += ',"recomputed_from":' + json_str(recomputed_from)
         for key, value in extra:  # flags (True) and rng_state_bytes (an int)
             text += f',"{key}":' + ("true" if value is True else _json_number(value))
-        stack = meta.get("ac_module_stack")
+        stack = meta.get(fx_meta.MODULE_STACK)
         if stack:
             # by value: annotate_joint gives every node its own list of (fqn, type) tuples
             key = tuple(stack)

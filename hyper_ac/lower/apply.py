@@ -17,6 +17,7 @@ import torch
 from torch import fx
 from torch.utils.checkpoint import CheckpointPolicy
 
+from hyper_ac import fx_meta
 from hyper_ac.lower._fx import copy_node
 from hyper_ac.lower._gc import paused_gc
 
@@ -28,8 +29,7 @@ def _private_get_attr(gm: fx.GraphModule, original: fx.Node, before: fx.Node, in
     with gm.graph.inserting_before(before):
         node = gm.graph.get_attr(original.target)
     node.meta.update(original.meta)
-    node.meta["autograd_backward"] = True
-    node.meta["ac_duplicate"] = index
+    fx_meta.set_duplicate_index(node, index)
     return node
 
 
@@ -67,9 +67,9 @@ def _apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], tag_only: bool, rec
     for name in _elide_copies(gm, plan, by_name, changed):
         del by_name[name]
     for name, policy in plan.get("policies", {}).items():
-        node_named(name, "policy").meta["recompute"] = CheckpointPolicy[policy]
+        fx_meta.set_policy(node_named(name, "policy"), CheckpointPolicy[policy])
     for name, graph_id in plan.get("graph_ids", {}).items():
-        node_named(name, "graph id").meta["ac_graph_id"] = graph_id
+        fx_meta.set_graph_id(node_named(name, "graph id"), graph_id)
     if tag_only:
         return gm
 
@@ -89,12 +89,7 @@ def _apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], tag_only: bool, rec
 
         copy = copy_node(graph, original, map_arg(original.args, remap), map_arg(original.kwargs, remap),
                          before=before)
-        meta = copy.meta
-        meta.pop("recompute", None)  # a second pass must not take a duplicate for a candidate
-        meta["autograd_backward"] = True
-        meta["ac_recomputed"] = True
-        meta["ac_recomputed_from"] = original.name
-        meta["ac_duplicate"] = index  # its index in the plan's duplicates (the split names it so)
+        fx_meta.mark_duplicate(copy, original.name, index)  # its index: the split names it so
         duplicate_of[original] = copy
         copies.append(copy)
     changed += copies
@@ -107,7 +102,7 @@ def _apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], tag_only: bool, rec
         index = entry.get("copy", -1)
         if index is None or index < 0:
             copy = duplicate_of[original]
-        elif index >= len(copies) or copies[index].meta.get("ac_recomputed_from") != original.name:
+        elif index >= len(copies) or fx_meta.recomputed_from(copies[index]) != original.name:
             raise ValueError(f"plan redirects '{consumer.name}' to copy #{index}, which is not a duplicate of "
                              f"'{original.name}'")
         else:
@@ -117,7 +112,7 @@ def _apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], tag_only: bool, rec
 
     copies_of: dict[str, list[fx.Node]] = {}
     for copy in copies:
-        copies_of.setdefault(copy.meta["ac_recomputed_from"], []).append(copy)
+        copies_of.setdefault(fx_meta.recomputed_from(copy), []).append(copy)
     for entry in plan.get("rng_replays", []):
         changed += _replay_random_op(gm, entry, node_named, copies_of)
 
@@ -150,8 +145,7 @@ def _check_order(changed: list[fx.Node]) -> None:
     for node in changed:
         for arg in node._input_nodes:
             if not arg < node:
-                what = (f"duplicate of '{node.meta['ac_recomputed_from']}'" if node.meta.get("ac_recomputed")
-                        else "node")
+                what = f"duplicate of '{fx_meta.recomputed_from(node)}'" if fx_meta.is_duplicate(node) else "node"
                 raise ValueError(f"plan leaves {what} '{node.name}' reading '{arg.name}', which comes after it "
                                  "in the graph (an insertion point or redirect out of order)")
 
@@ -198,9 +192,8 @@ def _replay_random_op(gm: fx.GraphModule, entry: Mapping[str, Any], node_named: 
     duplicates = copies_of.get(original.name, [])
     if not duplicates:
         raise ValueError(f"plan replays random op '{original.name}', which has no duplicate")
-    meta = {k: v for k, v in original.meta.items() if k not in ("val", "tensor_meta", "recompute")}
-    meta["autograd_backward"] = False
-    meta["ac_rng_replay_of"] = original.name  # the split puts these nodes where the core put the op
+    # The op's meta, less its value and its tag: these nodes run in the forward.
+    meta = {k: v for k, v in original.meta.items() if k not in (*fx_meta.VALUE_KEYS, fx_meta.RECOMPUTE)}
     with graph.inserting_before(original):
         wrapped = graph.call_function(run_and_save_rng_state, (original.target, *original.args), dict(original.kwargs))
         state = graph.create_node("call_function", operator.getitem, (wrapped, 0), name=entry["state"])
@@ -208,23 +201,26 @@ def _replay_random_op(gm: fx.GraphModule, entry: Mapping[str, Any], node_named: 
     # The state is a host byte tensor on every device (static size: a symbolic
     # one would make the saved size a fresh symbol).
     state_val = torch.empty(int(entry["state_bytes"]), dtype=torch.uint8)
-    fake_mode = detect_fake_mode([original.meta.get("val")])
+    value = fx_meta.val(original)
+    fake_mode = detect_fake_mode([value])
     if fake_mode is not None:
         state_val = fake_mode.from_tensor(state_val, static_shapes=True)
     for node in (wrapped, state, output):
         node.meta.update(meta)
-    wrapped.meta["val"] = (state_val, original.meta.get("val"))
-    state.meta["val"] = state_val
-    output.meta["val"] = original.meta.get("val")
-    if "tensor_meta" in original.meta:
-        output.meta["tensor_meta"] = original.meta["tensor_meta"]
+        fx_meta.set_backward(node, False)
+        fx_meta.set_rng_replay_of(node, original.name)  # the split puts these nodes where the core put the op
+    wrapped.meta[fx_meta.VAL] = (state_val, value)
+    state.meta[fx_meta.VAL] = state_val
+    output.meta[fx_meta.VAL] = value  # the op's value is now the output getitem's
+    if fx_meta.TENSOR_META in original.meta:
+        output.meta[fx_meta.TENSOR_META] = original.meta[fx_meta.TENSOR_META]
     readers = original.replace_all_uses_with(output)
     graph.erase_node(original)
 
     for duplicate in duplicates:
         duplicate.target = run_with_rng_state
         duplicate.args = (state, original.target, *duplicate.args)
-        duplicate.meta["ac_rng_replay"] = True
+        fx_meta.mark_rng_replay(duplicate)
     return [wrapped, state, output, *readers]
 
 

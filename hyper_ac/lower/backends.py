@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import fx
 
-from hyper_ac import _core
+from hyper_ac import _core, fx_meta
 from hyper_ac.planning.config import load_config
 from hyper_ac.planning.passes import prepare_activation_checkpoint
 
@@ -82,7 +82,7 @@ def stock_recomputed(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any) ->
     core compares ``auto``'s plan with (``PlanOptions::stock_recomputed``,
     docs/mincut.md "Never worse than stock"); nothing is decided here."""
     forward = {node.name for node in joint.graph.nodes
-               if node.op == "call_function" and node.meta.get("autograd_backward") is False}
+               if node.op == "call_function" and not fx_meta.is_backward(node)}
     # Stock's partition edits the graph and tags meta: it runs on a copy.
     from hyper_ac.lower._fx import copy_graph_module
 
@@ -104,16 +104,16 @@ def write_decisions(joint: fx.GraphModule, plan: Any) -> None:
     for node in joint.graph.nodes:
         if node.op != "call_function":
             continue
-        user_tagged = node.meta.get("recompute") is not None and node.meta.get("ac_graph_id") is not None
-        node.meta.pop("recompute", None)
+        user_tagged = fx_meta.user_tagged(node)
+        fx_meta.set_policy(node, None)
         if not user_tagged:
-            node.meta.pop("ac_graph_id", None)
+            fx_meta.set_graph_id(node, None)
     for name in recomputed:
-        by_name[name].meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
+        fx_meta.set_policy(by_name[name], CheckpointPolicy.MUST_RECOMPUTE)
     for name in saved:
         node = by_name.get(name)
         if node is not None and node.op == "call_function":
-            node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+            fx_meta.set_policy(node, CheckpointPolicy.MUST_SAVE)
 
 
 # The reasons the core names as correctness pins (tagging.h: in-place, rng,
@@ -130,8 +130,8 @@ def write_correctness_pins(joint: fx.GraphModule, plan: Any) -> int:
     pinned = {name for name, reason in plan.get("reasons", {}).items() if reason in _CORRECTNESS_PINS}
     count = 0
     for node in joint.graph.nodes:
-        if node.name in pinned and node.op == "call_function" and node.meta.get("recompute") is None:
-            node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+        if node.name in pinned and node.op == "call_function" and fx_meta.policy(node) is None:
+            fx_meta.set_policy(node, CheckpointPolicy.MUST_SAVE)
             count += 1
     return count
 
@@ -157,7 +157,7 @@ class _PartitionStep:
         kwargs["num_fwd_outputs"] = num_fwd_outputs
         if self.cfg.mode == "off":
             return stock_partition(joint, joint_inputs, **kwargs)
-        user_tagged = any(node.meta.get("recompute") is not None for node in joint.graph.nodes)
+        user_tagged = any(fx_meta.user_tagged(node) for node in joint.graph.nodes)
         annotate_joint(joint, num_fwd_outputs, model=self.model, example_inputs=self.current.get("example_inputs"))
         native_split = self.route == "own" and not self.tag_only and self.cfg.split == "native"
         # auto is never worse than stock: the core compares its plan with stock's on its simulator.

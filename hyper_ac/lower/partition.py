@@ -23,14 +23,11 @@ import torch
 from torch import fx
 from torch._functorch import partitioners as _partitioners
 
+from hyper_ac import fx_meta
 from hyper_ac.lower._fx import copy_node, erase_node, placeholder, reset_graph, to_placeholder
 from hyper_ac.lower._gc import paused_gc
 
 __all__ = ["saved_values", "partition_joint", "build_modules"]
-
-
-def _is_backward(node: fx.Node) -> bool:
-    return bool(node.meta.get("autograd_backward", False))
 
 
 def saved_values(gm: fx.GraphModule) -> tuple[list[fx.Node], list[fx.Node]]:
@@ -38,9 +35,9 @@ def saved_values(gm: fx.GraphModule) -> tuple[list[fx.Node], list[fx.Node]]:
     tensors: list[fx.Node] = []
     symbolic: list[fx.Node] = []
     for node in gm.graph.nodes:
-        if _is_backward(node) or node.op == "output":
+        if fx_meta.is_backward(node) or node.op == "output":
             continue
-        readers = [u for u in node.users if _is_backward(u) and u.op != "output"]
+        readers = [u for u in node.users if fx_meta.is_backward(u) and u.op != "output"]
         if not readers:
             continue
         if _partitioners.is_sym_node(node):
@@ -57,7 +54,7 @@ def saved_values(gm: fx.GraphModule) -> tuple[list[fx.Node], list[fx.Node]]:
 
 
 def _is_multi_output(node: fx.Node) -> bool:
-    val = node.meta.get("val")
+    val = fx_meta.val(node)
     return isinstance(val, (tuple, list)) and node.op == "call_function"
 
 
@@ -70,7 +67,7 @@ def _drop_stray_random_ops(bw_module: fx.GraphModule, joint_module: fx.GraphModu
     user's generator on every backward. Backward random ops of the joint itself
     are left alone.
     """
-    joint_backward = {n.name for n in joint_module.graph.nodes if _is_backward(n)}
+    joint_backward = {n.name for n in joint_module.graph.nodes if fx_meta.is_backward(n)}
     for node in reversed(list(bw_module.graph.nodes)):
         if (node.op == "call_function" and not node.users and node.name not in joint_backward
                 and isinstance(node.target, torch._ops.OpOverload)
@@ -155,9 +152,9 @@ def _symbol_convention(joint_graph: fx.Graph, saved: list[fx.Node], symints: lis
             derived.append(node)
     bindings = None
     for node in [*derived, *saved, *tangents]:
-        if "val" not in node.meta:
+        if fx_meta.VAL not in node.meta:
             continue
-        new = free_symbols(node.meta["val"]) - bound
+        new = free_symbols(node.meta[fx_meta.VAL]) - bound
         if not new:
             continue
         if bindings is None:
@@ -219,7 +216,7 @@ def _build_modules(joint_module: fx.GraphModule, split: Mapping[str, Any],
     bwd_seeds = [n for n in placeholders if _is_bwd_seed_offset(n)]
     backward_states = [n for n in placeholders if _partitioners._is_backward_state(n)]
 
-    if symint_names or any(_maybe_symbolic(n.meta.get("val")) for n in placeholders):
+    if symint_names or any(_maybe_symbolic(fx_meta.val(n)) for n in placeholders):
         # Symbolic shapes: the SymInts follow aot_autograd's convention, which reads the nodes' values.
         by_name = {n.name: n for n in graph.nodes}
         symint_nodes = _symbol_convention(graph, [by_name[name] for name in saved_names],
@@ -253,20 +250,19 @@ def _build_modules(joint_module: fx.GraphModule, split: Mapping[str, Any],
         if op == "placeholder" or op == "output":
             continue
         name = node.name
-        meta = node.meta
         if name in forward_names:
             where = "forward"
         elif name in backward_names:
             continue
         else:
-            index = meta.get("ac_duplicate")  # apply_plan's copies (and their private get_attrs)
+            index = fx_meta.duplicate_index(node)  # apply_plan's copies (and their private get_attrs)
             if index is not None:
                 if index not in duplicates:
                     raise ValueError(f"node '{name}' is duplicate #{index} of the plan, which the core's split "
                                      "leaves out")
                 continue
             # a random op's replay nodes (apply_plan) go where the op went
-            owner = meta.get("ac_rng_replay_of")
+            owner = fx_meta.rng_replay_of(node)
             if owner in backward_names:
                 continue
             if owner not in forward_names:
@@ -343,6 +339,6 @@ def _build_modules(joint_module: fx.GraphModule, split: Mapping[str, Any],
 def _output(graph: fx.Graph, values: list, descs: list) -> None:
     """The output node as ``_extract_graph_with_inputs_outputs`` writes it."""
     out = graph.output(tuple(values))
-    out.meta["desc"] = descs
-    out.meta["output_stack_traces"] = [v.meta.get("stack_trace") if isinstance(v, fx.Node) else None
+    out.meta[fx_meta.DESC] = descs
+    out.meta[fx_meta.OUTPUT_STACK_TRACES] = [v.meta.get(fx_meta.STACK_TRACE) if isinstance(v, fx.Node) else None
                                        for v in values]

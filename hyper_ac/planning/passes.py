@@ -20,7 +20,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 from torch import fx
 
-from hyper_ac import _core
+from hyper_ac import _core, fx_meta
 from hyper_ac.lower._gc import paused_gc
 from hyper_ac.lower.apply import apply_plan
 from hyper_ac.planning.config import Config, adapter_for, adapter_hook_ran, apply_adapter_hook, load_config, op_policy_json
@@ -136,9 +136,9 @@ class PassResult:
 
 def _require_annotated(gm: fx.GraphModule) -> None:
     for node in gm.graph.nodes:
-        if "autograd_backward" not in node.meta:
+        if not fx_meta.has_phase(node):
             raise ValueError(
-                f"node '{node.name}' has no meta['autograd_backward']: the pass needs a joint graph annotated "
+                f"node '{node.name}' has no meta[{fx_meta.BACKWARD!r}]: the pass needs a joint graph annotated "
                 "with forward/backward phases (capture it with hyper_ac.frontend.capture.capture_joint, or call "
                 "hyper_ac.frontend.annotate.annotate_joint(gm, num_fwd_outputs) first)"
             )

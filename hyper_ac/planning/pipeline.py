@@ -26,10 +26,9 @@ from typing import Any, Iterable, Optional
 
 from torch import fx
 
-__all__ = ["GraphPass", "PassOrderError", "PassPipeline", "mark_placeholders_rewritten", "placeholders_rewritten_by"]
+from hyper_ac import fx_meta
 
-#: ``gm.meta`` key naming the passes that sharded parameters or split stages.
-REWRITTEN_KEY = "hyper_ac_placeholders_rewritten_by"
+__all__ = ["GraphPass", "PassOrderError", "PassPipeline", "mark_placeholders_rewritten", "placeholders_rewritten_by"]
 
 
 class PassOrderError(ValueError):
@@ -67,12 +66,12 @@ class GraphPass:
 
 def mark_placeholders_rewritten(graph_module: fx.GraphModule, pass_name: str) -> None:
     """Record on ``graph_module`` that ``pass_name`` sharded parameters or split stages."""
-    graph_module.meta.setdefault(REWRITTEN_KEY, []).append(pass_name)
+    graph_module.meta.setdefault(fx_meta.PLACEHOLDERS_REWRITTEN_BY, []).append(pass_name)
 
 
 def placeholders_rewritten_by(graph_module: fx.GraphModule) -> list[str]:
     """The passes that sharded this graph's parameters or split its stages (empty: none)."""
-    return list(getattr(graph_module, "meta", {}).get(REWRITTEN_KEY, []))
+    return list(getattr(graph_module, "meta", {}).get(fx_meta.PLACEHOLDERS_REWRITTEN_BY, []))
 
 
 class PassPipeline(GraphPass):

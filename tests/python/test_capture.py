@@ -10,7 +10,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from hyper_ac import models
+from hyper_ac import fx_meta, models
 from hyper_ac.frontend import annotate
 from hyper_ac.frontend import capture
 from hyper_ac.frontend import module_path
@@ -30,18 +30,18 @@ def run_joint(cg: capture.CapturedGraph):
     for n in cg.graph.nodes:
         if n.op != "placeholder":
             continue
-        if n.meta["ac_role"] == "tangent":
-            v = n.meta["val"]
+        if fx_meta.role(n) == "tangent":
+            v = fx_meta.val(n)
             vals.append(torch.ones(v.shape, dtype=v.dtype))
         else:
-            vals.append(cg.example_inputs[n.meta["desc"].idx])
+            vals.append(cg.example_inputs[fx_meta.desc(n).idx])
     with torch.no_grad():
         out = fx.Interpreter(cg.graph_module).run(*vals)
     return torch.utils._pytree.tree_leaves(out, is_leaf=lambda x: x is None)
 
 
 def primals(gm: fx.GraphModule) -> list[fx.Node]:
-    return [n for n in gm.graph.nodes if n.op == "placeholder" and n.meta["ac_role"] != "tangent"]
+    return [n for n in gm.graph.nodes if n.op == "placeholder" and fx_meta.role(n) != "tangent"]
 
 
 # --------------------------------------------------------------------------

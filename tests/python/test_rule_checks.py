@@ -15,7 +15,7 @@ import operator
 import pytest
 import torch
 
-from hyper_ac import models
+from hyper_ac import fx_meta, models
 from hyper_ac.frontend.capture import capture_joint
 from hyper_ac.planning.passes import ActivationCheckpointPass
 
@@ -47,12 +47,10 @@ def test_each_duplicate_sits_right_before_its_earliest_backward_consumer(name, m
     order = {n: k for k, n in enumerate(gm.graph.nodes)}
     nodes = list(gm.graph.nodes)
 
-    def is_dup(n):
-        return bool(n.meta.get("ac_recomputed"))
-
+    is_dup = fx_meta.is_duplicate
     duplicates = [n for n in nodes if is_dup(n)]
     assert duplicates, "the check needs duplicates to look at"
-    first_backward = min(order[n] for n in nodes if n.meta.get("autograd_backward") and not is_dup(n))
+    first_backward = min(order[n] for n in nodes if fx_meta.is_backward(n) and not is_dup(n))
     late = 0
     for dup in duplicates:
         if dup.target is operator.getitem:
@@ -65,7 +63,7 @@ def test_each_duplicate_sits_right_before_its_earliest_backward_consumer(name, m
         earliest = min(consumers, key=order.__getitem__)
         between = nodes[order[dup] + 1:order[earliest]]
         assert all(is_dup(n) for n in between), (
-            f"duplicate {dup.name} (of {dup.meta['ac_recomputed_from']}) sits at {order[dup]}, but its earliest "
+            f"duplicate {dup.name} (of {fx_meta.recomputed_from(dup)}) sits at {order[dup]}, but its earliest "
             f"backward consumer {earliest.name} is at {order[earliest]}: "
             f"{[n.name for n in between if not is_dup(n)][:5]} run in between"
         )

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from hyper_ac import _core, memory, models
+from hyper_ac import _core, fx_meta, memory, models
 from hyper_ac.frontend.capture import capture_joint
 from hyper_ac.planning.config import load_config, op_policy_json
 from hyper_ac.planning.passes import ActivationCheckpointPass
@@ -22,8 +22,8 @@ def _joint_inputs(gm: torch.fx.GraphModule, example_inputs):
     for node in gm.graph.nodes:
         if node.op != "placeholder":
             continue
-        if node.meta.get("ac_role") == "tangent":
-            val = node.meta["val"]
+        if fx_meta.role(node) == "tangent":
+            val = fx_meta.val(node)
             args.append(torch.ones(val.shape, dtype=val.dtype))
         else:
             args.append(next(primals))

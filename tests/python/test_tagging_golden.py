@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 _core = pytest.importorskip("hyper_ac._core", reason="hyper_ac._core not built (make build)")
 
-from hyper_ac import models
+from hyper_ac import fx_meta, models
 from hyper_ac.frontend import annotate
 from hyper_ac.frontend import capture
 from hyper_ac.planning import config
@@ -114,7 +114,7 @@ class Planned:
         out = []
         elided = self.elided
         for n in self.gm.graph.nodes:
-            if n.op != "call_function" or n.meta.get("autograd_backward") or n.name in elided:
+            if n.op != "call_function" or fx_meta.is_backward(n) or n.name in elided:
                 continue
             fqn = innermost(n)
             if under is not None and not (fqn == under or fqn.startswith(under + ".")):
@@ -137,7 +137,7 @@ class Planned:
 
 
 def innermost(node: fx.Node) -> str:
-    stack = node.meta.get("ac_module_stack") or []
+    stack = fx_meta.module_stack(node)
     return stack[0][0] if stack else ""
 
 
