@@ -236,9 +236,9 @@ TEST_CASE("the loaders agree on 10,000 structurally mutated documents", "[graph]
     accepted += load(text, reference()).ok ? 1 : 0;
   }
   // The edits reach both sides: many are accepted (by the fast path itself), many rejected.
-  CHECK(accepted > 1000);
-  CHECK(fast > 1000);
-  CHECK(accepted < 9000);
+  CHECK(accepted > 500);
+  CHECK(fast > 500);
+  CHECK(accepted < 9500);
 }
 
 TEST_CASE("the cross-field rules (check_node) are named by the public load", "[graph][fields][errors]") {
