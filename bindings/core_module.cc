@@ -31,6 +31,27 @@ PYBIND11_MODULE(_core, m) {
   py::register_exception<PolicyConflictError>(m, "PolicyConflictError", PyExc_ValueError);
   m.attr("GRAPH_FORMAT_VERSION") = kGraphFormatVersion;
 
+  m.def("graph_fields", []() {
+    py::list fields;
+    for (const auto& f : graph_fields()) {
+      py::dict d;
+      d["section"] = f.section;
+      d["name"] = f.name;
+      d["kind"] = f.kind;
+      d["required"] = f.required;
+      d["default_json"] = f.default_json;
+      d["member"] = f.member;
+      d["always"] = f.always;
+      d["flag"] = f.flag;
+      d["check"] = f.check;
+      fields.append(d);
+    }
+    return fields;
+  }, "The graph document's field table (docs/graph-format.md, \"Field table\"): one dict per field with section, "
+     "name, kind, required, default_json, member, always (the canonical form writes it at its default), flag, check.");
+  m.def("graph_fields_markdown", []() { return graph_fields_markdown(); },
+        "The field table as docs/graph-format.md shows it (Markdown).");
+
   m.def("format_bytes", [](std::int64_t bytes) { return format_bytes(bytes); }, py::arg("bytes"),
         "Human-readable byte count (\"1.50 MiB\").");
 

@@ -24,7 +24,7 @@ const char* kUsage =
     "  --print      print the graph's text form (annotated with policies when planning)\n"
     "  --json       print the plan JSON instead of the summary\n"
     "  --timings    print the wall time of each stage to stderr\n"
-    "  --reference-loader  load with the reference loader (nlohmann SAX) only, not the simdjson fast path\n"
+    "  --reference-loader  load with the reference loader (a JSON tree) only, not the simdjson fast path\n"
     "               (same graph and errors, slower; for comparison)\n"
     "  --pareto        print the memory/recompute frontier (JSON, as _core.pareto) instead of planning\n"
     "  --flow-network  print the auto min-cut's s-t network as DIMACS (as _core.flow_network)\n";

@@ -11,6 +11,7 @@
 // Strings are read raw, as views into the document: stage 1 has validated
 // UTF-8 and refused unescaped control characters, and a string holding a
 // backslash is not read here, so a raw view is the string's value.
+#include "graph_fields.h"
 #include "graph_load.h"
 
 #include <algorithm>
@@ -29,13 +30,8 @@ namespace graph_load {
 namespace {
 
 namespace od = simdjson::ondemand;
+namespace gf = field_table;
 
-// Node fields, as bit positions for the repeated-key check.
-enum NodeField : int {
-  fId, fName, fKind, fTarget, fInputs, fPhase, fOutputs, fFlops, fModuleStack, fRng, fRngStateBytes, fSymint,
-  fCollective, fView, fFusible, fSubgraph, fMutated, fMutatedInputs, fAliasedInputs, fStack, fRole, fPolicy,
-  fAcGraphId, fRecomputedFrom, fCopy,
-};
 enum TopField : int { tFormat, tVersion, tModel, tModuleStacks, tNodes };
 
 // `raw` points just past a key's opening quote. The document is padded and a
@@ -44,29 +40,6 @@ enum TopField : int { tFormat, tVersion, tModel, tModuleStacks, tNodes };
 template <std::size_t N>
 inline bool is(const char* raw, const char (&literal)[N]) {
   return std::memcmp(raw, literal, N - 1) == 0 && raw[N - 1] == '"';
-}
-
-int node_field(const char* k) {
-  switch (k[0]) {
-    case 'i': return is(k, "id") ? fId : is(k, "inputs") ? fInputs : -1;
-    case 'n': return is(k, "name") ? fName : -1;
-    case 'k': return is(k, "kind") ? fKind : -1;
-    case 't': return is(k, "target") ? fTarget : -1;
-    case 'p': return is(k, "phase") ? fPhase : is(k, "policy") ? fPolicy : -1;
-    case 'o': return is(k, "outputs") ? fOutputs : -1;
-    case 'f': return is(k, "flops") ? fFlops : is(k, "fusible") ? fFusible : -1;
-    case 'm':
-      return is(k, "module_stack") ? fModuleStack : is(k, "mutated") ? fMutated
-           : is(k, "mutated_inputs") ? fMutatedInputs : -1;
-    case 'r':
-      return is(k, "rng") ? fRng : is(k, "role") ? fRole : is(k, "rng_state_bytes") ? fRngStateBytes
-           : is(k, "recomputed_from") ? fRecomputedFrom : -1;
-    case 's': return is(k, "stack") ? fStack : is(k, "symint") ? fSymint : is(k, "subgraph") ? fSubgraph : -1;
-    case 'c': return is(k, "collective") ? fCollective : is(k, "copy") ? fCopy : -1;
-    case 'v': return is(k, "view") ? fView : -1;
-    case 'a': return is(k, "aliased_inputs") ? fAliasedInputs : is(k, "ac_graph_id") ? fAcGraphId : -1;
-    default: return -1;
-  }
 }
 
 int top_field(const char* k) {
@@ -113,21 +86,6 @@ bool read_ints(od::value& value, std::vector<std::int64_t>& out) {
   }
   return true;
 }
-
-template <typename Enum, std::size_t N>
-bool named(std::string_view text, const Enum (&values)[N], Enum& out) {
-  for (Enum value : values)
-    if (text == to_string(value)) {
-      out = value;
-      return true;
-    }
-  return false;
-}
-
-constexpr NodeKind kKinds[] = {NodeKind::CallFunction, NodeKind::Placeholder, NodeKind::GetAttr, NodeKind::Output};
-constexpr Phase kPhases[] = {Phase::Forward, Phase::Backward};
-constexpr Role kRoles[] = {Role::Activation, Role::Parameter, Role::Buffer, Role::Input, Role::Tangent};
-constexpr Policy kPolicies[] = {Policy::MustSave, Policy::PreferSave, Policy::MustRecompute, Policy::PreferRecompute};
 
 class FastLoader {
  public:
@@ -286,13 +244,6 @@ class FastLoader {
     return true;
   }
 
-  bool read_bool(od::value& value, bool& out) {
-    const int null = null_state(value);
-    if (null < 0) return false;
-    if (null) return true;
-    return !value.get_bool().get(out);
-  }
-
   // Positions into a node's inputs: each in range; sorted, each once.
   static bool positions(const std::vector<std::int64_t>& raw, std::size_t input_count, std::vector<std::int32_t>& out) {
     out.clear();
@@ -305,106 +256,39 @@ class FastLoader {
     return true;
   }
 
-  bool read_node(od::object& object) {
-    const auto index = static_cast<std::int32_t>(graph_.nodes.size());
-    Node& node = graph_.nodes.emplace_back();
-    std::uint32_t have = 0;
-    bool stack_given = false, mutated_given = false, aliased_given = false;
-    std::int64_t stack_ref = -1;
-    for (auto item : object) {
-      od::field field;
-      if (std::move(item).get(field)) return false;
-      const int key = node_field(field.key().raw());
-      if (key < 0) return false;  // unknown (or escaped) field
-      const std::uint32_t bit = std::uint32_t{1} << key;
-      if (have & bit) return false;
-      have |= bit;
-      od::value& value = field.value();
-      std::string_view text;
-      // Required fields first: never null.
-      switch (key) {
-        case fId:
-          if (!read_int(value, node.id) || node.id < 0) return false;
-          continue;
-        case fName:
-          if (!read_string(value, text) || text.empty()) return false;
-          node.name.assign(text);
-          continue;
-        case fKind:
-          if (!read_string(value, text) || !named(text, kKinds, node.kind)) return false;
-          continue;
-        case fTarget:
-          if (!read_string(value, text)) return false;
-          node.target.assign(text);
-          continue;
-        case fInputs:
-          if (!read_ints(value, input_ids_)) return false;
-          continue;
-        case fPhase:
-          if (!read_string(value, text) || !named(text, kPhases, node.phase)) return false;
-          continue;
-        default: break;
-      }
-      // Optional fields: null is the default.
-      const int null = null_state(value);
-      if (null < 0) return false;
-      if (null) continue;
-      switch (key) {
-        case fOutputs:
-          if (!read_outputs(value, node.outputs)) return false;
-          break;
-        case fFlops:
-          if (value.get_double().get(node.flops)) return false;
-          // NaN and negatives are refused; -0 is left to the reference (it reads an integer -0 as +0).
-          if (!(node.flops >= 0.0) || (node.flops == 0.0 && std::signbit(node.flops))) return false;
-          break;
-        case fModuleStack:
-          if (!read_frames(value, frames_)) return false;
-          break;
-        case fRng: if (!read_bool(value, node.rng)) return false; break;
-        case fSymint: if (!read_bool(value, node.symint)) return false; break;
-        case fCollective: if (!read_bool(value, node.collective)) return false; break;
-        case fView: if (!read_bool(value, node.view)) return false; break;
-        case fFusible: if (!read_bool(value, node.fusible)) return false; break;
-        case fCopy: if (!read_bool(value, node.copy)) return false; break;
-        case fSubgraph: if (!read_bool(value, node.subgraph)) return false; break;
-        case fMutated: if (!read_bool(value, node.mutated)) return false; break;
-        case fRngStateBytes:
-          if (!read_int(value, node.rng_state_bytes) || node.rng_state_bytes < 0) return false;
-          break;
-        case fStack:
-          if (!read_int(value, stack_ref)) return false;
-          stack_given = true;
-          break;
-        case fMutatedInputs:
-          if (!read_ints(value, mutated_)) return false;
-          mutated_given = true;
-          break;
-        case fAliasedInputs:
-          if (!read_ints(value, aliased_)) return false;
-          aliased_given = true;
-          break;
-        case fRole:
-          if (!read_string(value, text) || !named(text, kRoles, node.role)) return false;
-          break;
-        case fPolicy:
-          if (!read_string(value, text) || !named(text, kPolicies, node.policy)) return false;
-          break;
-        case fAcGraphId:
-          if (!read_int(value, node.ac_graph_id) || node.ac_graph_id < 0) return false;
-          break;
-        case fRecomputedFrom:
-          if (!read_string(value, text)) return false;
-          node.recomputed_from.assign(text);
-          break;
-        default: return false;
-      }
+  // One field's non-null value, by its kind (graph_fields.h); false = not accepted.
+  bool read_field(int key, od::value& value, Node& node) {
+    std::string_view text;
+    switch (gf::kFields[key].kind) {
+      case gf::Kind::Int:
+        if (!read_int(value, *gf::slot<std::int64_t>(key, node))) return false;
+        break;
+      case gf::Kind::Number:
+        if (value.get_double().get(node.flops)) return false;
+        // -0 is left to the reference (it reads an integer -0 as +0).
+        if (node.flops == 0.0 && std::signbit(node.flops)) return false;
+        break;
+      case gf::Kind::Bool:
+        if (value.get_bool().get(*gf::slot<bool>(key, node))) return false;
+        break;
+      case gf::Kind::String:
+        if (!read_string(value, text)) return false;
+        gf::slot<std::string>(key, node)->assign(text);
+        break;
+      case gf::Kind::Enum:
+        if (!read_string(value, text) || !gf::set_enum(key, text, node)) return false;
+        break;
+      case gf::Kind::Ids: return read_ints(value, input_ids_);
+      case gf::Kind::Positions: return read_ints(value, positions_[key]);
+      case gf::Kind::Outputs: return read_outputs(value, node.outputs);
+      case gf::Kind::Frames: return read_frames(value, frames_);
+      case gf::Kind::StackRef: return read_int(value, stack_ref_);
     }
-    constexpr std::uint32_t required =
-        (1u << fId) | (1u << fName) | (1u << fKind) | (1u << fTarget) | (1u << fInputs) | (1u << fPhase);
-    if ((have & required) != required) return false;
-    if (node.rng_state_bytes > 0 && !node.rng) return false;
-    if (node.ac_graph_id >= 0 && node.policy == Policy::None) return false;
+    return gf::value_ok(key, node);
+  }
+
+  // Ids to indices (earlier nodes, each once), the stack, positions.
+  bool resolve(Node& node, std::int32_t index, std::uint32_t given) {
     if (!ids_.add(node.id, index)) return false;
     node.inputs.reserve(input_ids_.size());
     for (auto input_id : input_ids_) {
@@ -414,33 +298,59 @@ class FastLoader {
       node.inputs.push_back(found);
     }
     if (!distinct(node.inputs)) return false;
-    if (stack_given) {
-      if (have & (1u << fModuleStack)) return false;  // both 'stack' and 'module_stack' (even null)
-      if (stack_ref < 0 || static_cast<std::uint64_t>(stack_ref) >= table_index_.size()) return false;
-      node.stack = table_index_[static_cast<std::size_t>(stack_ref)];
+    if (given & gf::bit(gf::fStack)) {
+      if (stack_ref_ < 0 || static_cast<std::uint64_t>(stack_ref_) >= table_index_.size()) return false;
+      node.stack = table_index_[static_cast<std::size_t>(stack_ref_)];
     }
-    if ((have & (1u << fModuleStack)) && !frames_.empty()) {
-      stack_key_.clear();
-      for (const auto& frame : frames_) {
-        stack_key_ += frame.fqn;
-        stack_key_ += '\x1f';
-        stack_key_ += frame.type;
-        stack_key_ += '\x1e';
-      }
-      auto found = stack_index_.find(stack_key_);
-      if (found == stack_index_.end()) {
-        found = stack_index_.emplace(stack_key_, static_cast<std::int32_t>(graph_.stacks.size())).first;
-        graph_.stacks.push_back(frames_);
-      }
-      node.stack = found->second;
-      frames_.clear();
-    }
-    if (mutated_given && !positions(mutated_, node.inputs.size(), node.mutated_inputs)) return false;
-    if (aliased_given && !positions(aliased_, node.inputs.size(), node.aliased_inputs)) return false;
-    if (node.kind == NodeKind::Placeholder && !node.inputs.empty()) return false;
-    if (node.mutated && node.kind != NodeKind::Placeholder) return false;
-    if (node.copy && (node.kind != NodeKind::CallFunction || node.inputs.size() != 1)) return false;
+    if ((given & gf::bit(gf::fModuleStack)) && !frames_.empty()) node.stack = intern(frames_);
+    for (int f : {gf::fMutatedInputs, gf::fAliasedInputs})
+      if ((given & gf::bit(f)) && !positions(positions_[f], node.inputs.size(), *gf::slot<std::vector<std::int32_t>>(f, node)))
+        return false;
     return true;
+  }
+
+  std::int32_t intern(std::vector<ModuleFrame>& frames) {
+    stack_key_.clear();
+    for (const auto& frame : frames) {
+      stack_key_ += frame.fqn;
+      stack_key_ += '\x1f';
+      stack_key_ += frame.type;
+      stack_key_ += '\x1e';
+    }
+    auto found = stack_index_.find(stack_key_);
+    if (found == stack_index_.end()) {
+      found = stack_index_.emplace(stack_key_, static_cast<std::int32_t>(graph_.stacks.size())).first;
+      graph_.stacks.push_back(frames);
+    }
+    frames.clear();
+    return found->second;
+  }
+
+  bool read_node(od::object& object) {
+    const auto index = static_cast<std::int32_t>(graph_.nodes.size());
+    Node& node = graph_.nodes.emplace_back();
+    std::uint32_t keys = 0, given = 0;
+    for (auto item : object) {
+      od::field field;
+      if (std::move(item).get(field)) return false;
+      const int key = gf::field_of_raw(field.key().raw());
+      if (key < 0) return false;  // unknown (or escaped) field
+      const std::uint32_t bit = gf::bit(key);
+      if (keys & bit) return false;
+      keys |= bit;
+      od::value& value = field.value();
+      const int null = null_state(value);
+      if (null < 0) return false;
+      if (null) {
+        if (gf::kFields[key].required) return false;  // the reference names it
+        continue;  // null = the default
+      }
+      given |= bit;
+      if (!read_field(key, value, node)) return false;
+    }
+    if ((given & gf::kRequired) != gf::kRequired) return false;
+    if (!resolve(node, index, given)) return false;
+    return gf::check_node(node, given, keys).empty();
   }
 
   static bool distinct(const std::vector<std::int32_t>& inputs) {
@@ -491,7 +401,9 @@ class FastLoader {
   std::unordered_map<std::string, std::int32_t> stack_index_;
   std::string stack_key_;
   // scratch, reused node to node
-  std::vector<std::int64_t> input_ids_, mutated_, aliased_, ints_;
+  std::vector<std::int64_t> input_ids_, ints_;
+  std::vector<std::int64_t> positions_[gf::kFieldCount];  // raw entries of the Positions fields
+  std::int64_t stack_ref_ = -1;
   std::vector<ModuleFrame> frames_;
 };
 

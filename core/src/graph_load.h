@@ -5,8 +5,9 @@
 // or "not mine": on anything it does not accept (malformed JSON, a repeated
 // key, a number out of range, any validation failure, or merely a shape it
 // does not read, such as an escaped string) it gives up and load_graph runs
-// the reference loader (graph.cc: nlohmann SAX, then the JSON-tree validator
-// for the exact error) on the same bytes.
+// the reference loader (graph_reference.cc: a JSON tree validated node by
+// node, naming the problem) on the same bytes. Both read node fields through
+// the one field table (graph_fields.h).
 #pragma once
 
 #include <algorithm>
@@ -57,6 +58,10 @@ bool load_fast(const std::string& json_text, const LoadOptions& options, LoadRes
 // The same over bytes the caller keeps alive; `readable` bytes from `text.data()`
 // may be read (the fast path reads up to 64 past the end; less: a padded copy).
 bool load_fast(std::string_view text, std::size_t readable, const LoadOptions& options, LoadResult& result);
+
+// The reference loader: builds the graph (users included; no copy elided) or
+// throws GraphError naming the first problem.
+LoadResult load_reference(const std::string& json_text, const LoadOptions& options);
 
 // The `model` section given as its JSON text, read by the reference rules.
 // Throws (GraphError or a json_reader error) on anything the reference rejects.

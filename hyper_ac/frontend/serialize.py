@@ -26,7 +26,6 @@ per target, so the cost is linear in the graph).
 from __future__ import annotations
 
 import json
-import math
 import operator
 from typing import Any
 
@@ -37,6 +36,7 @@ import torch.nn as nn
 from hyper_ac import _core, fx_meta
 from hyper_ac.lower._gc import paused_gc
 from hyper_ac.frontend.annotate import phase_of
+from hyper_ac.frontend.graph_wire import compact, expand, node_text
 from hyper_ac.frontend.op_facts import (_PY_SYM_TYPES, _flops, _output_facts, _positions, is_exact_copy, may_be_exact_copy,
                                draws_random, op_facts, rng_state_bytes, target_name)
 
@@ -148,10 +148,6 @@ def _role_of(node: fx.Node) -> str:
     return "tangent" if str(node.target).startswith("tangents") else "input"
 
 
-def _module_stack(node: fx.Node) -> list[dict]:
-    return [{"fqn": fqn, "type": typ} for fqn, typ in fx_meta.module_stack(node)]
-
-
 def serialize_graph(
     gm: fx.GraphModule | fx.Graph,
     model: nn.Module | None = None,
@@ -169,7 +165,7 @@ def serialize_graph(
     # Millions of small dicts/lists: the cyclic GC would rescan them over and
     # over (quadratic-looking pauses on 100k-node graphs). Nothing here makes cycles.
     with paused_gc():
-        return _serialize(gm, model, unbacked_fallback, with_flops)
+        return expand(json.loads(_serialize(gm, model, unbacked_fallback, with_flops)))
 
 
 def _input_mutation_descs(graph: fx.Graph) -> list:
@@ -188,56 +184,36 @@ def _input_mutation_descs(graph: fx.Graph) -> list:
     return []
 
 
-# json.dumps's own string encoder for its default ``ensure_ascii=True``: the
-# wire text writes every string byte for byte as json.dumps would.
-_json_str = json.encoder.encode_basestring_ascii
-
-
-def _json_number(value: float | int) -> str:
-    """A number as json.dumps writes it (``repr``; non-finite floats spelled its way)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return json.dumps(value)
-    return repr(value)
-
-
-def _json_ints(values: list[int]) -> str:
-    return "[" + ",".join(map(str, values)) + "]"
-
-
 def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_fallback: int,
-               with_flops: bool, wire: bool = False) -> dict | str:
-    """The graph document; ``wire``: straight as the JSON text of its :func:`compact`
-    form (``json.dumps(compact(doc), separators=(",", ":"))`` byte for byte),
-    without building the full document or the compact one first.
+               with_flops: bool) -> str:
+    """The graph document's wire text (``json.dumps(compact(doc), separators=(",", ":"))``
+    byte for byte), written node by node by :func:`hyper_ac.frontend.graph_wire.node_text`.
 
     Linear in the graph, with as little Python per node as possible: the facts
     of a target (its name, schema facts, whether it may be an exact copy) are
-    looked up once per target, an output fact once per (shape, dtype) and a
-    module stack once per stack; the wire form writes each node's text at once
-    from those, already encoded (dumping a tree of dicts afterwards cost more
-    than building it)."""
+    looked up once per target, an output fact's JSON text once per (shape,
+    dtype) and a module stack's index once per stack."""
     graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
     owner = gm if isinstance(gm, fx.GraphModule) else getattr(graph, "owning_module", None)
-    ids: dict[fx.Node, Any] = {}  # node -> its id (wire: as text)
+    ids: dict[fx.Node, str] = {}  # node -> its id, as text
     backward_nodes: set[fx.Node] = set()
-    out_nodes: list = []  # dicts; wire: the nodes' JSON texts
-    stack_table: list[list[dict]] = []  # wire: the interned module stacks
-    stack_text: dict[tuple, str] = {}  # wire: a stack's ((fqn, type), ...) -> its ',"stack":<index>'
-    # id(target) -> (target name, its JSON text, OpFacts or None for getitem, may be an exact copy,
+    out_nodes: list[str] = []  # the nodes' JSON texts
+    stack_table: list[list[dict]] = []  # the interned module stacks
+    stack_index: dict[tuple, int] = {}  # a stack's ((fqn, type), ...) -> its index in stack_table
+    # id(target) -> (target name, OpFacts or None for getitem, may be an exact copy,
     # aliases its first argument only (no writes)); targets outlive the loop
-    target_facts: dict[int, tuple[str, str, Any, bool, bool]] = {}
-    # (shape, dtype) -> output facts (static shapes only; wire: their JSON text); the same for
+    target_facts: dict[int, tuple[str, Any, bool, bool]] = {}
+    # (shape, dtype) -> the JSON text of its output facts (static shapes only); the same for
     # the ((shape, dtype), ...) of a list/tuple value's tensors
-    fact_cache: dict[tuple, Any] = {}
-    seq_fact_cache: dict[tuple, Any] = {}
+    fact_cache: dict[tuple, str] = {}
+    seq_fact_cache: dict[tuple, str] = {}
     mutated_descs = _input_mutation_descs(graph)
     getitem = operator.getitem
     node_type = fx.Node
     tensor_type = torch.Tensor
     sym_types = _PY_SYM_TYPES
-    json_str = _json_str
     for i, node in enumerate(graph.nodes):
-        ids[node] = str(i) if wire else i
+        ids[node] = str(i)
         op = node.op
         if op not in _KINDS:
             raise ValueError(
@@ -246,46 +222,40 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
             )
         meta = node.meta
         inputs = node.all_input_nodes
-        input_ids = [ids[n] for n in inputs]
         flag = meta.get(fx_meta.BACKWARD)  # phase_of, inlined: None = not annotated
         is_bwd = bool(flag) if flag is not None else phase_of(node, backward_nodes)
         if is_bwd:
             backward_nodes.add(node)
         val = meta.get(fx_meta.VAL)
         flops = 0.0
-        rng = collective = view = subgraph = False
+        rng = collective = view = subgraph = fusible = copy = False
+        state_bytes = 0
         mutated_inputs: list[int] = []
         aliased_inputs: list[int] = []
         recomputed_from = fx_meta.recomputed_from(node)
-        extra: list[tuple[str, Any]] = []  # fields written only when set, in this order
         if op == "call_function":
             target = node.target
             known = target_facts.get(id(target))
             if known is None:
                 tname = target_name(node)
                 if target is getitem:
-                    known = (tname, json_str(tname), None, False, False)
+                    known = (tname, None, False, False)
                 else:
                     facts = op_facts(target)
-                    known = (tname, json_str(tname), facts, may_be_exact_copy(target),
-                             not facts.mutated and facts.aliased == (0,))
+                    known = (tname, facts, may_be_exact_copy(target), not facts.mutated and facts.aliased == (0,))
                 target_facts[id(target)] = known
-            tname, tname_text, facts, copy_candidate, aliases_first = known
+            tname, facts, copy_candidate, aliases_first = known
             if facts is None:  # operator.getitem
                 if inputs:
                     aliased_inputs = [0]  # the producer's element (same storage)
-                extra.append(("fusible", True))
+                fusible = True
             else:
                 rng = draws_random(node, facts)
                 if rng:
                     state_bytes = rng_state_bytes(node)
-                    if state_bytes:
-                        extra.append(("rng_state_bytes", state_bytes))
                 collective = facts.collective
-                if facts.fusible:  # written only when true (docs/graph-format.md)
-                    extra.append(("fusible", True))
-                if copy_candidate and is_exact_copy(node):  # written only when true
-                    extra.append(("copy", True))
+                fusible = facts.fusible
+                copy = copy_candidate and is_exact_copy(node)
                 if aliases_first and node.args and type(node.args[0]) is node_type:
                     # the common view (view, t, expand, ...): its first argument is a node,
                     # so the first of all_input_nodes (_positions' answer without its dict)
@@ -300,7 +270,6 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
                     flops = _flops(node, facts, unbacked_fallback)
         else:
             tname = target_name(node)
-            tname_text = json_str(tname) if wire else None
             if op == "get_attr" and owner is not None:
                 try:
                     attr = owner
@@ -309,9 +278,8 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
                     subgraph = isinstance(attr, fx.GraphModule)
                 except AttributeError:
                     pass
-        if op == "output" or val is None:
-            outputs = [] if not wire else ""
-        elif isinstance(val, (tensor_type, list, tuple)):
+        outputs = ""
+        if op != "output" and isinstance(val, (tensor_type, list, tuple)):
             # a tensor's (shape, dtype), or those of a list/tuple's tensors (_output_facts' rule)
             if isinstance(val, tensor_type):
                 key = (val.shape, val.dtype)
@@ -324,16 +292,11 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
             except TypeError:  # a symbolic size is not hashable
                 key = outputs = None
             if outputs is None:
-                outputs = _output_facts(val, unbacked_fallback)
-                if wire:
-                    outputs = json.dumps(outputs, separators=(",", ":")) if outputs else ""
+                facts_list = _output_facts(val, unbacked_fallback)
+                outputs = json.dumps(facts_list, separators=(",", ":")) if facts_list else ""
                 if key is not None:
                     cache[key] = outputs
-            if not wire:
-                outputs = [{"bytes": f["bytes"], "dtype": f["dtype"], "shape": list(f["shape"])} for f in outputs]
-        else:  # a SymInt, a number, ...: no tensor output
-            outputs = [] if not wire else ""
-        symint = isinstance(val, sym_types)
+        # (a SymInt, a number, ...: no tensor output)
         if op == "placeholder":
             role = _role_of(node)
             mutated = meta.get(fx_meta.DESC) in mutated_descs
@@ -346,122 +309,31 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
         else:
             policy = _policy_name(recompute)
             graph_id = fx_meta.graph_id(node)
-        phase = "backward" if is_bwd else "forward"
-        if not wire:
-            entry: dict[str, Any] = {
-                "id": i, "name": node.name, "kind": op, "target": tname, "inputs": input_ids,
-                "phase": phase, "outputs": outputs, "flops": flops, "module_stack": _module_stack(node),
-                "rng": rng, "symint": symint, "collective": collective, "view": view,
-                "mutated_inputs": mutated_inputs, "aliased_inputs": aliased_inputs, "role": role,
-                "subgraph": subgraph, "mutated": mutated, "policy": policy, "ac_graph_id": graph_id,
-                "recomputed_from": recomputed_from,
-            }
-            entry.update(extra)
-            out_nodes.append(entry)
-            continue
-        # compact()'s rules, field by field and in its key order (defaults left out, the
-        # stack interned and last), written as json.dumps(..., separators=(",", ":")) would
-        text = (f'{{"id":{i},"name":{json_str(node.name)},"kind":"{op}","target":{tname_text},'
-                f'"inputs":[{",".join(input_ids)}],"phase":"{phase}"')
-        if outputs:
-            text += ',"outputs":' + outputs
-        if flops != 0:
-            text += ',"flops":' + _json_number(flops)
-        if rng:
-            text += ',"rng":true'
-        if symint:
-            text += ',"symint":true'
-        if collective:
-            text += ',"collective":true'
-        if view:
-            text += ',"view":true'
-        if mutated_inputs:
-            text += ',"mutated_inputs":' + _json_ints(mutated_inputs)
-        if aliased_inputs:
-            text += ',"aliased_inputs":[0]' if aliased_inputs == [0] else ',"aliased_inputs":' + _json_ints(aliased_inputs)
-        if role != "activation":
-            text += ',"role":' + json.dumps(role)
-        if subgraph:
-            text += ',"subgraph":true'
-        if mutated:
-            text += ',"mutated":true'
-        if policy is not None:
-            text += f',"policy":"{policy}"'  # one of _POLICIES
-        if graph_id is not None:
-            text += f',"ac_graph_id":{graph_id}'
-        if recomputed_from is not None:
-            text += ',"recomputed_from":' + json_str(recomputed_from)
-        for key, value in extra:  # flags (True) and rng_state_bytes (an int)
-            text += f',"{key}":' + ("true" if value is True else _json_number(value))
         stack = meta.get(fx_meta.MODULE_STACK)
+        at = None
         if stack:
             # by value: annotate_joint gives every node its own list of (fqn, type) tuples
             key = tuple(stack)
             try:
-                at = stack_text.get(key)
+                at = stack_index.get(key)
             except TypeError:  # (fqn, type) lists
                 key = tuple((fqn, typ) for fqn, typ in stack)
-                at = stack_text.get(key)
+                at = stack_index.get(key)
             if at is None:
-                at = stack_text[key] = f',"stack":{len(stack_table)}'
+                at = stack_index[key] = len(stack_table)
                 stack_table.append([{"fqn": fqn, "type": typ} for fqn, typ in stack])
-            text += at
-        out_nodes.append(text + "}")
+        out_nodes.append(node_text(
+            i, node.name, op, tname, [ids[n] for n in inputs], "backward" if is_bwd else "forward", outputs,
+            flops, rng, isinstance(val, sym_types), collective, view, mutated_inputs, aliased_inputs, role,
+            subgraph, mutated, policy, graph_id, recomputed_from, state_bytes, fusible, copy, at))
     doc: dict[str, Any] = {"format": FORMAT, "version": VERSION}
     if model is not None:
         doc["model"] = model_facts(getattr(model, "_orig_mod", model))
-    if not wire:
-        doc["nodes"] = out_nodes
-        return doc
     doc["module_stacks"] = stack_table
     doc["nodes"] = []
     head = json.dumps(doc, separators=(",", ":"), check_circular=False)
     assert head.endswith('"nodes":[]}')
     return head[:-2] + ",".join(out_nodes) + "]}"
-
-
-# Fields the wire form leaves out when they hold their default (docs/graph-format.md).
-_DEFAULT_FALSE = ("rng", "symint", "collective", "view", "subgraph", "mutated")
-_DEFAULT_EMPTY = ("outputs", "mutated_inputs", "aliased_inputs")
-_DEFAULT_NONE = ("policy", "ac_graph_id", "recomputed_from")
-
-
-def compact(doc: dict) -> dict:
-    """The wire form of a graph document: module stacks interned in a top-level
-    ``module_stacks`` table (nodes name theirs by ``stack`` index) and fields
-    holding their default left out. Loads to the same graph; about a third of
-    the size, so the core parses it that much faster."""
-    table: list[list[dict]] = []
-    index: dict[tuple, int] = {}
-    nodes = []
-    for node in doc["nodes"]:
-        out = dict(node)
-        stack = out.pop("module_stack", None)
-        if stack:
-            key = tuple((f["fqn"], f["type"]) for f in stack)
-            at = index.get(key)
-            if at is None:
-                at = index[key] = len(table)
-                table.append(stack)
-            out["stack"] = at
-        for field in _DEFAULT_FALSE:
-            if out.get(field) is False:
-                del out[field]
-        for field in _DEFAULT_EMPTY:
-            if out.get(field) == []:
-                del out[field]
-        for field in _DEFAULT_NONE:
-            if field in out and out[field] is None:
-                del out[field]
-        if out.get("flops") == 0:
-            del out["flops"]
-        if out.get("role") == "activation":
-            del out["role"]
-        nodes.append(out)
-    wire = {k: v for k, v in doc.items() if k != "nodes"}
-    wire["module_stacks"] = table
-    wire["nodes"] = nodes
-    return wire
 
 
 def to_json(gm: fx.GraphModule | fx.Graph, model: nn.Module | None = None, *, indent: int | None = None,
@@ -482,5 +354,5 @@ def to_json(gm: fx.GraphModule | fx.Graph, model: nn.Module | None = None, *, in
             del doc  # as above
         else:  # json.dumps(compact(serialize_graph(...))), written in one pass
             text = _serialize(gm, model, kwargs.pop("unbacked_fallback", UNBACKED_FALLBACK),
-                              kwargs.pop("with_flops", True), wire=True, **kwargs)
+                              kwargs.pop("with_flops", True), **kwargs)
     return text

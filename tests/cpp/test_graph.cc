@@ -208,7 +208,7 @@ TEST_CASE("duplicate input ids on a node are rejected", "[graph][errors]") {
   json doc = tiny();
   doc["nodes"][9]["inputs"] = {8, 7, 8};
   expect_error(doc, {"'mm_1'", "lists input id 8 twice"});
-  // Also on a node with many inputs (the streaming loader's sorted check).
+  // Also on a node with many inputs (the fast path's sorted check).
   doc = tiny();
   json many = json::array();
   for (int k = 0; k < 20; ++k) many.push_back(k % 10);
@@ -232,10 +232,9 @@ TEST_CASE("a JSON key repeated in one object is rejected, naming it", "[graph][e
       Catch::Contains("key 'fqn' appears twice in 'model.modules[0]'"));
 }
 
-// The streaming loader hands every faulty document to the reference (DOM)
-// loader; these check both give the same graph on valid documents in the
-// shapes the streaming loader treats specially.
-TEST_CASE("streaming load: table after nodes, null optionals, ignored fact fields, sparse ids", "[graph][roundtrip]") {
+// Valid documents in shapes the loaders treat specially (the fast path
+// declines some of them): the same graph as the plain document.
+TEST_CASE("special shapes load: table after nodes, null optionals, ignored fact fields, sparse ids", "[graph][roundtrip]") {
   json wire = tiny();
   for (auto& node : wire["nodes"]) {
     if (node.contains("module_stack")) {

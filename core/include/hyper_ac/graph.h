@@ -111,7 +111,7 @@ struct Graph {
   std::vector<std::vector<ModuleFrame>> stacks;   // interned module stacks, innermost first
   ModelFacts model;
   // Copies removed at load, in graph order; the plan lists them so the FX
-  // graph gets the same rewrite (plan-format.md, `elided_copies`).
+  // graph gets the same rewrite (docs/graph-format.md, "Plan document", `elided_copies`).
   std::vector<ElidedCopy> elided_copies;
 
   // Filled by load_graph / finalize(): users of each node, ascending order.
@@ -131,11 +131,10 @@ struct LoadOptions {
   // PyTorch aliases (dropout with p = 0 is a clone), and a saved or replayed
   // clone holds a second copy of its source's bytes. Rule: alias.h.
   bool elide_copies = true;
-  // Read with the reference loader only (nlohmann SAX straight into the IR; a
-  // document it finds fault with is re-read as a JSON tree to name the
-  // problem) instead of trying the simdjson fast path first. Same graph, same
-  // errors, several times slower: for comparison and for checking the fast
-  // path. CLI: --reference-loader.
+  // Read with the reference loader only (a JSON tree validated node by node,
+  // naming every problem) instead of trying the simdjson fast path first.
+  // Same graph, same errors, several times slower: for comparison and for
+  // checking the fast path. CLI: --reference-loader.
   bool reference_loader = false;
 };
 
@@ -168,6 +167,29 @@ LoadResult load_graph(const std::string& json_text, const LoadOptions& options =
 // bytes) is read into a string for load_graph. Throws std::runtime_error
 // "cannot open 'PATH'" / "cannot read 'PATH'" when the file cannot be read.
 LoadResult load_graph_file(const std::string& path, const LoadOptions& options = {});
+
+// One field of the graph document: the one table the loaders' key dispatch
+// and checks, identical(), graph_to_json, print_graph's flags, the field
+// table in docs/graph-format.md and the Python encoder's defaults come from
+// (hyper_ac._core.graph_fields()). Node fields: core/src/graph_fields.h.
+struct GraphField {
+  std::string section;       // "document", "node", "output" (a tensor fact), "frame", "model", "module"
+  std::string name;          // the JSON key
+  std::string kind;          // its JSON kind, in words
+  bool required = false;     // absent (or null) is an error; else it means default_json
+  std::string default_json;  // the value an absent field stands for, as JSON ("" when required)
+  std::string member;        // the C++ member it fills ("Node::flops"; "" for none)
+  bool always = true;        // graph_to_json writes it even at its default (node fields)
+  std::string flag;          // print_graph's flag when off its default ("%" = the value; "" = not printed)
+  std::string check;         // its own check, in words (cross-field rules: graph_fields.h check_node)
+};
+
+// Every field, by section in document order, node fields in the table's order.
+const std::vector<GraphField>& graph_fields();
+
+// The field table as docs/graph-format.md shows it (Markdown; tested equal).
+// Python: hyper_ac._core.graph_fields_markdown().
+std::string graph_fields_markdown();
 
 // Every field of both graphs equal: nodes (each field; flops bit for bit),
 // interned stacks, model facts and users. What the fast and the reference
