@@ -77,7 +77,9 @@ def test_eager_compiler_step_under_dispatch_modes_is_bitwise(name, mode):
         reference = _step(compiled, model, batch)
         assert sum(r.stats.get("rng_replayed", 0) for r in results) > 0, "no random op is replayed: nothing tested"
         for mode_name, make in _modes().items():
-            for phase in ("forward_mode", "backward_mode"):
+            # The backward first: a forward under FlopCounterMode installs global module
+            # hooks, which make dynamo recompile, and the later steps run that graph.
+            for phase in ("backward_mode", "forward_mode"):
                 active = make()
                 loss, grads = _step(compiled, model, batch, **{phase: active})
                 if isinstance(active, FlopCounterMode):  # the mode saw the step's ops
