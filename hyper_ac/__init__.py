@@ -34,3 +34,11 @@ def __getattr__(name: str) -> Any:
         module_name, attr = _LAZY[name]
         return getattr(importlib.import_module(module_name), attr)
     raise AttributeError(f"module 'hyper_ac' has no attribute {name!r}")
+
+
+# torch.compile(backend="hyper_ac"): an installed hyper_ac is found by its entry
+# point; with torch already loaded, register the name now (a source checkout has
+# no entry point). Without torch loaded, `import hyper_ac` stays torch-free.
+from hyper_ac.dynamo_backend import register_if_torch_loaded as _register_if_torch_loaded  # noqa: E402
+
+_register_if_torch_loaded()

@@ -25,7 +25,8 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] 
 fi
 
 # nbclient + ipykernel + nbformat: tests/python/test_notebook.py executes examples/inspect.ipynb headlessly.
-pip_pkgs=(pybind11 scikit-build-core pyyaml pytest numpy networkx transformers matplotlib tqdm nbclient ipykernel nbformat)
+# accelerate: transformers' Trainer needs it (tests/python/test_hf_trainer.py).
+pip_pkgs=(pybind11 scikit-build-core pyyaml pytest numpy networkx transformers accelerate matplotlib tqdm nbclient ipykernel nbformat)
 missing=()
 for p in "${pip_pkgs[@]}"; do
   mod=$p

@@ -62,11 +62,12 @@ def _device_context():
 
 
 def _resolve_early_stop(early_stop: bool | None) -> bool:
-    """The per-call value wins; without one, PyTorch's ``set_checkpoint_early_stop``."""
-    if early_stop is not None:
-        return early_stop
+    """PyTorch's rule: ``set_checkpoint_early_stop``, while active, overrides ``early_stop``
+    (a checkpoint nested in another's replay included); otherwise the per-call value, default True."""
     global_value = getattr(torch_checkpoint, "_enable_checkpoint_early_stop", None)
-    return True if global_value is None else bool(global_value)
+    if global_value is not None:
+        return bool(global_value)
+    return True if early_stop is None else early_stop
 
 
 def _resolve_debug(debug: bool) -> bool:
@@ -99,9 +100,9 @@ def checkpoint(
 
     Args:
         early_stop: stop the replay as soon as every saved tensor exists.
-            A value passed here applies to this call and wins; ``None`` (the
-            default) follows ``torch.utils.checkpoint.set_checkpoint_early_stop``
-            as active during this forward, and is ``True`` outside it.
+            As in PyTorch, ``torch.utils.checkpoint.set_checkpoint_early_stop``,
+            when active during this forward, overrides it; outside that
+            context the value passed here applies (``None``, the default: ``True``).
         context_fn: returns ``(forward_ctx, replay_ctx)``; e.g.
             ``functools.partial(torch.utils.checkpoint.create_selective_checkpoint_contexts, policy)``.
         determinism_check: ``"default"`` compares shape, dtype and device of

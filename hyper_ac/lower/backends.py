@@ -52,10 +52,15 @@ def boxed_fx_compiler(gm: fx.GraphModule, _example_inputs: Any):
     input (a saved activation, in the backward) is freed after its last use,
     as Inductor's code does. ``make_boxed_func(gm.forward)`` (torch's
     ``boxed_nop``) keeps the list alive in its frame, so every saved
-    activation would live until the backward returns.
+    activation would live until the backward returns. Random-op replays run
+    torch's kernels as plain calls, so they work under any ``TorchDispatchMode``
+    (:mod:`hyper_ac.runtime`).
     """
     from torch.fx.graph import _BoxedCodeGen
 
+    from hyper_ac.runtime import use_mode_safe_rng_ops
+
+    use_mode_safe_rng_ops(gm)
     gm.graph.set_codegen(_BoxedCodeGen())
     gm.recompile()
     forward = gm.forward

@@ -1028,21 +1028,26 @@ def _tail_counter():
 
 @pytest.mark.parametrize("global_setting, per_call, replays_to_end", [
     (None, None, False),   # default: early stop
-    (False, None, True),   # no per-call value: the global setting applies
+    (None, False, True),   # no global setting: the per-call value applies
+    (False, None, True),   # the global setting applies
     (True, None, False),
-    (False, True, False),  # a per-call value wins over the global setting
-    (True, False, True),
+    (False, True, True),   # the global setting overrides a per-call value, as in PyTorch
+    (True, False, False),
 ])
-def test_early_stop_follows_set_checkpoint_early_stop_unless_passed(global_setting, per_call,
-                                                                   replays_to_end):
-    fn, calls = _tail_counter()
-    x = torch.randn(2, 4, requires_grad=True)
-    ctx = (torch_ckpt.set_checkpoint_early_stop(global_setting)
-           if global_setting is not None else contextlib.nullcontext())
-    with ctx:
-        out = checkpoint(fn, x) if per_call is None else checkpoint(fn, x, early_stop=per_call)
-    out.sum().backward()  # outside the context: the forward's setting counts, as in PyTorch
-    assert calls["n"] == (2 if replays_to_end else 1)
+def test_early_stop_follows_set_checkpoint_early_stop_as_torch(global_setting, per_call, replays_to_end):
+    def run(impl):
+        fn, calls = _tail_counter()
+        x = torch.randn(2, 4, requires_grad=True)
+        ctx = (torch_ckpt.set_checkpoint_early_stop(global_setting)
+               if global_setting is not None else contextlib.nullcontext())
+        with ctx:
+            out = impl(fn, x) if per_call is None else impl(fn, x, early_stop=per_call)
+        out.sum().backward()  # outside the context: the forward's setting counts, as in PyTorch
+        return calls["n"]
+
+    assert run(functools.partial(torch_ckpt.checkpoint, use_reentrant=False)) == (2 if replays_to_end else 1), \
+        "the expectation does not state PyTorch's behaviour"
+    assert run(checkpoint) == (2 if replays_to_end else 1)
 
 
 def test_use_reentrant_true_is_rejected_and_false_accepted():

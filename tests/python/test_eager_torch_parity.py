@@ -775,6 +775,46 @@ def test_nested_checkpoint_set_early_stop_no_recompution_needed(ckpt):
         assert counter[0] == 1
 
 
+@pytest.mark.parametrize("backward_inside", [False, True])
+@pytest.mark.parametrize("inner_early_stop", [None, True, False])
+@pytest.mark.parametrize("global_early_stop", [False, True])
+def test_nested_checkpoint_global_early_stop_overrides_per_call(ckpt, global_early_stop, inner_early_stop,
+                                                                backward_inside):
+    """The global switch as a context manager around nested checkpoints
+    (``_checkpoint_without_reentrant_generator``: ``set_checkpoint_early_stop``,
+    when set, overrides the call's ``early_stop``): whatever the inner call
+    passes, every checkpoint made under the context replays to its end
+    without early stop and stops early with it, the inner one included."""
+    tails = {"inner": 0, "outer": 0}
+
+    def inner(x):
+        y = x.sin().cos()
+        tails["inner"] += 1  # after the last saved tensor: replayed only without early stop
+        return y.clone()
+
+    def outer(x):
+        options = {} if inner_early_stop is None else {"early_stop": inner_early_stop}
+        y = ckpt(inner, x.exp(), **options).sin()
+        tails["outer"] += 1
+        return y.clone()
+
+    a = torch.tensor(1.0, requires_grad=True)
+    with torch_ckpt.set_checkpoint_early_stop(global_early_stop):
+        out = ckpt(outer, a)
+        if backward_inside:
+            out.backward()
+    if not backward_inside:
+        out.backward()
+    # Forward, the outer replay (inner called again), the inner replay.
+    want = {"inner": 2, "outer": 1} if global_early_stop else {"inner": 3, "outer": 2}
+    assert tails == want
+    assert torch.equal(a.grad, torch.autograd.grad(_nested_uncheckpointed(a), a)[0])
+
+
+def _nested_uncheckpointed(x):
+    return x.exp().sin().cos().clone().sin().clone()
+
+
 @pytest.mark.parametrize("early_stop", [True, False])
 def test_grad_inside_checkpointed_function(ckpt, early_stop):
     """Note [ Nestable Checkpoint ] Rule 6 (covered by TestNestedCheckpoint's

@@ -276,6 +276,33 @@ def test_higher_order_operator_name():
         assert getattr(torch.ops.higher_order, name).name() == name
 
 
+def test_rng_replay_kernels_and_their_dispatch_mode_gap():
+    # hyper_ac.runtime calls the replay ops' BackendSelect kernels as plain
+    # functions; called as higher-order ops they fail under a plain dispatch mode.
+    from torch._C import DispatchKey
+    from torch._prims import rng_prims
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import hyper_ac.runtime as runtime
+
+    for hop in (rng_prims.run_and_save_rng_state, rng_prims.run_with_rng_state,
+                rng_prims.graphsafe_run_with_rng_state):
+        assert DispatchKey.BackendSelect in hop.py_kernels, hop.name()
+
+    class DoNothing(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    x = torch.ones(64)
+    state, drawn = runtime.run_and_save_rng_state(torch.ops.aten.rand_like.default, x)
+    with DoNothing():
+        with pytest.raises(NotImplementedError, match="no rule registered for HigherOrderOperator"):
+            rng_prims.run_with_rng_state(state, torch.ops.aten.rand_like.default, x)
+        before = torch.get_rng_state()
+        again = runtime.run_with_rng_state(state, torch.ops.aten.rand_like.default, x)
+    assert torch.equal(again, drawn) and torch.equal(torch.get_rng_state(), before)
+
+
 def test_flop_registry():
     from torch.utils.flop_counter import flop_registry
 
