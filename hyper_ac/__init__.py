@@ -39,6 +39,6 @@ def __getattr__(name: str) -> Any:
 # torch.compile(backend="hyper_ac"): an installed hyper_ac is found by its entry
 # point; with torch already loaded, register the name now (a source checkout has
 # no entry point). Without torch loaded, `import hyper_ac` stays torch-free.
-from hyper_ac.dynamo_backend import register_if_torch_loaded as _register_if_torch_loaded  # noqa: E402
+from hyper_ac.lower.dynamo_backend import register_if_torch_loaded as _register_if_torch_loaded  # noqa: E402
 
 _register_if_torch_loaded()

@@ -54,11 +54,11 @@ def boxed_fx_compiler(gm: fx.GraphModule, _example_inputs: Any):
     ``boxed_nop``) keeps the list alive in its frame, so every saved
     activation would live until the backward returns. Random-op replays run
     torch's kernels as plain calls, so they work under any ``TorchDispatchMode``
-    (:mod:`hyper_ac.runtime`).
+    (:mod:`hyper_ac.lower.runtime`).
     """
     from torch.fx.graph import _BoxedCodeGen
 
-    from hyper_ac.runtime import use_mode_safe_rng_ops
+    from hyper_ac.lower.runtime import use_mode_safe_rng_ops
 
     use_mode_safe_rng_ops(gm)
     gm.graph.set_codegen(_BoxedCodeGen())

@@ -5,7 +5,7 @@ dispatch mode around the forward or the backward. The random-op replays
 hyper_ac writes into the graph (``run_and_save_rng_state`` /
 ``run_with_rng_state``, torch's higher-order ops) have no rule for such modes;
 the eager compiler runs their per-device kernels as plain calls
-(:mod:`hyper_ac.runtime`), so the wrapped op is dispatched as an ordinary op.
+(:mod:`hyper_ac.lower.runtime`), so the wrapped op is dispatched as an ordinary op.
 Each step is compared with the same compiled step run without the mode: bit
 for bit on the eager compiler, to rounding on Inductor.
 """

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import hyper_ac
-from hyper_ac import dynamo_backend, models
-from hyper_ac.backends import backend
+from hyper_ac import models
+from hyper_ac.lower import dynamo_backend
+from hyper_ac.lower.backends import backend
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,21 +93,21 @@ def test_registered_at_import_and_declared_as_entry_point():
     assert lookup_backend("hyper_ac") is dynamo_backend.hyper_ac_backend
     assert dynamo_backend.register() is False  # already registered: a no-op
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
-    assert declared["torch_dynamo_backends"] == {"hyper_ac": "hyper_ac.dynamo_backend:hyper_ac_backend"}
-    assert hyper_ac.dynamo_backend.NAME == "hyper_ac"
+    assert declared["torch_dynamo_backends"] == {"hyper_ac": "hyper_ac.lower.dynamo_backend:hyper_ac_backend"}
+    assert hyper_ac.lower.dynamo_backend.NAME == "hyper_ac"
 
 
 def test_by_name_inductor(monkeypatch):
-    import hyper_ac.backends
+    import hyper_ac.lower.backends
 
     made: list = []
-    original = hyper_ac.backends.backend
+    original = hyper_ac.lower.backends.backend
 
     def spy(*args, **kwargs):
         made.append(kwargs)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(hyper_ac.backends, "backend", spy)
+    monkeypatch.setattr(hyper_ac.lower.backends, "backend", spy)
     model = models.build("mlp")  # the smallest model: an Inductor compile is slow on a small machine
     batch = models.example_batch("mlp")
     inputs = (batch["x"], batch["target"])

@@ -277,13 +277,13 @@ def test_higher_order_operator_name():
 
 
 def test_rng_replay_kernels_and_their_dispatch_mode_gap():
-    # hyper_ac.runtime calls the replay ops' BackendSelect kernels as plain
+    # hyper_ac.lower.runtime calls the replay ops' BackendSelect kernels as plain
     # functions; called as higher-order ops they fail under a plain dispatch mode.
     from torch._C import DispatchKey
     from torch._prims import rng_prims
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    import hyper_ac.runtime as runtime
+    import hyper_ac.lower.runtime as runtime
 
     for hop in (rng_prims.run_and_save_rng_state, rng_prims.run_with_rng_state,
                 rng_prims.graphsafe_run_with_rng_state):

@@ -1,7 +1,7 @@
 """What the eager compiler's generated code calls for a random-op replay: torch's kernels, dispatch-mode safe.
 
 A replayed random op is written into the graph with torch's higher-order ops
-``run_and_save_rng_state`` / ``run_with_rng_state`` (:mod:`hyper_ac.apply`;
+``run_and_save_rng_state`` / ``run_with_rng_state`` (:mod:`hyper_ac.lower.apply`;
 stock's partition writes the same for a random op the model's own checkpoint
 tags recompute), which every torch tool reads: Inductor lowers them, the
 serializer and the core see them as random ops.

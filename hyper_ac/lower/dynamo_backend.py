@@ -86,7 +86,7 @@ def hyper_ac_backend(gm: Any, example_inputs: Any, *, options: Optional[Mapping[
         raise ValueError(f"hyper_ac backend: torch.compile(mode={mode!r}) selects stock Inductor's settings and "
                          "does not apply to hyper_ac; leave mode unset and set Inductor's options through "
                          "torch._inductor.config (they apply to options={'compiler': 'inductor'})")
-    from hyper_ac.backends import backend
+    from hyper_ac.lower.backends import backend
 
     return backend(**backend_arguments(options))(gm, example_inputs)
 
