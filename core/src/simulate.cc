@@ -87,46 +87,54 @@ SimulateResult detail::simulate_memory(const Graph& graph, const NodeIndex& inde
 
 namespace {
 
-SimulateResult simulate_steps(const Graph& graph, const detail::NodeIndex& index, const Steps& schedule,
-                              const SimulateOptions& options) {
-  using Flag = detail::NodeIndex::Flag;
-  const std::size_t steps = schedule.size();
-  const auto end_of_time = static_cast<std::int32_t>(steps);
-  SimulateResult result;
-  result.stats.steps = steps;
+// Per step: the bytes it allocates, or (kTransfer) takes over from its
+// producer's storage; a step does one or the other, never both.
+enum StepKind : char { kPlain = 0, kResident = 1, kTransfer = 2 };
 
-  // Pass 1: check the schedule, build the alias union-find, allocations.
-  UnionFind storage(steps);
+// What the three passes share: the storage each step's value lives in and
+// what each step allocates.
+struct StepStorage {
+  explicit StepStorage(std::size_t steps) : storage(steps), allocation(steps, 0), kind(steps, kPlain) {}
+  UnionFind storage;
+  std::vector<std::int64_t> allocation;
+  std::vector<char> kind;
   __int128 resident_total = 0;  // 128-bit sums: no int64 byte count overflows them (saturate.h)
-  // Per step: the bytes it allocates, or (kTransfer) takes over from its
-  // producer's storage; a step does one or the other, never both.
-  enum StepKind : char { kPlain = 0, kResident = 1, kTransfer = 2 };
-  std::vector<std::int64_t> allocation(steps, 0);
-  std::vector<char> kind(steps, kPlain);
   std::int32_t last_forward = kNone;
-  for (std::size_t s = 0; s < steps; ++s) {
-    const std::int32_t step_node = schedule.node_at(s);
-    const bool duplicate = schedule.duplicate_at(s) != 0;
+};
+
+void check_step(const Graph& graph, const detail::NodeIndex& index, const Steps& schedule, std::size_t s) {
+  const std::int32_t step_node = schedule.node_at(s);
+  const std::int32_t* step_inputs = schedule.inputs + schedule.start[s];
+  const auto input_count = static_cast<std::size_t>(schedule.start[s + 1] - schedule.start[s]);
+  if (step_node < 0 || static_cast<std::size_t>(step_node) >= graph.nodes.size())
+    throw std::invalid_argument("simulate_memory: " + step_name(graph, schedule, s) + " names no graph node");
+  const auto i = static_cast<std::size_t>(step_node);
+  const auto node_inputs = static_cast<std::size_t>(index.input_start[i + 1] - index.input_start[i]);
+  if (input_count != node_inputs)
+    throw std::invalid_argument("simulate_memory: " + step_name(graph, schedule, s) + " has " +
+                                std::to_string(input_count) + " inputs, node has " + std::to_string(node_inputs));
+  for (std::size_t k = 0; k < input_count; ++k)
+    if (step_inputs[k] < 0 || static_cast<std::size_t>(step_inputs[k]) >= s)
+      throw std::invalid_argument("simulate_memory: " + step_name(graph, schedule, s) + " reads '" +
+                                  graph.nodes[static_cast<std::size_t>(graph.nodes[i].inputs[k])].name +
+                                  "' before any step computes it");
+}
+
+// Pass 1: check the schedule, build the alias union-find, allocations.
+void scan_steps(const Graph& graph, const detail::NodeIndex& index, const Steps& schedule, StepStorage& out,
+                SimulateStats& stats) {
+  using Flag = detail::NodeIndex::Flag;
+  for (std::size_t s = 0; s < schedule.size(); ++s) {
+    check_step(graph, index, schedule, s);
+    const auto i = static_cast<std::size_t>(schedule.node_at(s));
     const std::int32_t* step_inputs = schedule.inputs + schedule.start[s];
-    const auto input_count = static_cast<std::size_t>(schedule.start[s + 1] - schedule.start[s]);
-    if (step_node < 0 || static_cast<std::size_t>(step_node) >= graph.nodes.size())
-      throw std::invalid_argument("simulate_memory: " + step_name(graph, schedule, s) + " names no graph node");
-    const auto i = static_cast<std::size_t>(step_node);
-    const auto node_inputs = static_cast<std::size_t>(index.input_start[i + 1] - index.input_start[i]);
-    if (input_count != node_inputs)
-      throw std::invalid_argument("simulate_memory: " + step_name(graph, schedule, s) + " has " +
-                                  std::to_string(input_count) + " inputs, node has " + std::to_string(node_inputs));
-    for (std::size_t k = 0; k < input_count; ++k)
-      if (step_inputs[k] < 0 || static_cast<std::size_t>(step_inputs[k]) >= s)
-        throw std::invalid_argument("simulate_memory: " + step_name(graph, schedule, s) + " reads '" +
-                                    graph.nodes[static_cast<std::size_t>(graph.nodes[i].inputs[k])].name +
-                                    "' before any step computes it");
-    if (duplicate) ++result.stats.duplicate_steps;
-    if (index.forward(i) && !duplicate && !index.has(i, Flag::kOutput)) last_forward = static_cast<std::int32_t>(s);
+    const bool duplicate = schedule.duplicate_at(s) != 0;
+    if (duplicate) ++stats.duplicate_steps;
+    if (index.forward(i) && !duplicate && !index.has(i, Flag::kOutput)) out.last_forward = static_cast<std::int32_t>(s);
     if (index.has(i, Flag::kResident)) {
-      kind[s] = kResident;
-      resident_total += index.output_bytes[i];
-      ++result.stats.resident_values;
+      out.kind[s] = kResident;
+      out.resident_total += index.output_bytes[i];
+      ++stats.resident_values;
       continue;
     }
     if (index.has(i, Flag::kOutput)) continue;
@@ -137,78 +145,93 @@ SimulateResult simulate_steps(const Graph& graph, const detail::NodeIndex& index
       // takes that element's bytes over from the producer's storage (pass 3)
       // and is freed on its own, as the allocator frees each tensor of a tuple
       // separately.
-      kind[s] = kTransfer;
-      allocation[s] = index.output_bytes[i];
-      ++result.stats.aliasing_steps;
+      out.kind[s] = kTransfer;
+      out.allocation[s] = index.output_bytes[i];
+      ++stats.aliasing_steps;
       continue;
     }
     const std::int32_t first = index.alias_first[i];
     if (first < 0) {
-      allocation[s] = index.output_bytes[i];
+      out.allocation[s] = index.output_bytes[i];
       continue;
     }
-    ++result.stats.aliasing_steps;
+    ++stats.aliasing_steps;
     if (!index.has(i, Flag::kMultiAlias)) {
-      storage.unite(static_cast<std::int32_t>(s), step_inputs[static_cast<std::size_t>(first)]);
+      out.storage.unite(static_cast<std::int32_t>(s), step_inputs[static_cast<std::size_t>(first)]);
       continue;
     }
     for_each_alias_position(graph.nodes[i], [&](std::int32_t p) {
-      storage.unite(static_cast<std::int32_t>(s), step_inputs[static_cast<std::size_t>(p)]);
+      out.storage.unite(static_cast<std::int32_t>(s), step_inputs[static_cast<std::size_t>(p)]);
     });
   }
+}
 
-  // Pass 2: per storage, residency and the last step that touches any alias.
+// Storages freed after each step, as intrusive lists (O(steps)).
+struct FreeLists {
+  std::vector<std::int32_t> head, next;
+};
+
+// Pass 2: per storage, residency and the last step that touches any alias.
+FreeLists plan_frees(const detail::NodeIndex& index, const Steps& schedule, StepStorage& steps_storage) {
+  const std::size_t steps = schedule.size();
+  const auto end_of_time = static_cast<std::int32_t>(steps);
+  UnionFind& storage = steps_storage.storage;
   std::vector<char> root_resident(steps, 0);
   std::vector<std::int32_t> last_use(steps, kNone);
   for (std::size_t s = 0; s < steps; ++s) {
     const auto here = static_cast<std::int32_t>(s);
     auto root = static_cast<std::size_t>(storage.find(here));
-    if (kind[s] == kResident) root_resident[root] = 1;
+    if (steps_storage.kind[s] == kResident) root_resident[root] = 1;
     last_use[root] = std::max(last_use[root], here);
-    const bool is_output = index.has(static_cast<std::size_t>(schedule.node_at(s)), Flag::kOutput);
+    const bool is_output = index.has(static_cast<std::size_t>(schedule.node_at(s)), detail::NodeIndex::Flag::kOutput);
     for (auto k = schedule.start[s]; k < schedule.start[s + 1]; ++k) {
       auto r = static_cast<std::size_t>(storage.find(schedule.inputs[static_cast<std::size_t>(k)]));
       last_use[r] = std::max(last_use[r], is_output ? end_of_time : here);
     }
   }
-  // Storages freed after each step, as intrusive lists (O(steps)).
-  std::vector<std::int32_t> free_head(steps, kNone), free_next(steps, kNone);
+  FreeLists frees{std::vector<std::int32_t>(steps, kNone), std::vector<std::int32_t>(steps, kNone)};
   for (std::size_t r = 0; r < steps; ++r) {
     if (storage.find(static_cast<std::int32_t>(r)) != static_cast<std::int32_t>(r) || root_resident[r]) continue;
     if (last_use[r] >= end_of_time) continue;
     auto at = static_cast<std::size_t>(last_use[r]);
-    free_next[r] = free_head[at];
-    free_head[at] = static_cast<std::int32_t>(r);
+    frees.next[r] = frees.head[at];
+    frees.head[at] = static_cast<std::int32_t>(r);
   }
+  return frees;
+}
 
-  // Pass 3: walk.
+// Pass 3: walk the steps, allocating and freeing; record the peak.
+void walk_steps(const Steps& schedule, StepStorage& steps_storage, const FreeLists& frees,
+                const SimulateOptions& options, SimulateResult& result) {
+  const std::size_t steps = schedule.size();
+  UnionFind& storage = steps_storage.storage;
   std::vector<__int128> held(steps, 0);  // bytes allocated so far per storage root
   std::vector<char> counted(steps, 0);
+  auto count_storage = [&](std::size_t root) {
+    if (counted[root]) return;
+    counted[root] = 1;
+    ++result.stats.storages;
+  };
   __int128 live = 0, peak = 0;
   if (options.record_timeline) {
     result.timeline.reserve(steps);
     result.timeline_nodes.reserve(steps);
   }
   for (std::size_t s = 0; s < steps; ++s) {
-    if (kind[s] == kTransfer && allocation[s] > 0) {
+    const std::int64_t allocation = steps_storage.allocation[s];
+    if (steps_storage.kind[s] == kTransfer && allocation > 0) {
       auto from = static_cast<std::size_t>(storage.find(schedule.inputs[static_cast<std::size_t>(schedule.start[s])]));
       auto to = static_cast<std::size_t>(storage.find(static_cast<std::int32_t>(s)));
-      __int128 moved = std::min(static_cast<__int128>(allocation[s]), held[from]);
+      __int128 moved = std::min(static_cast<__int128>(allocation), held[from]);
       held[from] -= moved;
       held[to] += moved;
-      if (moved > 0 && !counted[to]) {
-        counted[to] = 1;
-        ++result.stats.storages;
-      }
+      if (moved > 0) count_storage(to);
     }
-    if (kind[s] != kTransfer && allocation[s] > 0) {
+    if (steps_storage.kind[s] != kTransfer && allocation > 0) {
       auto root = static_cast<std::size_t>(storage.find(static_cast<std::int32_t>(s)));
-      held[root] += allocation[s];
-      live += allocation[s];
-      if (!counted[root]) {
-        counted[root] = 1;
-        ++result.stats.storages;
-      }
+      held[root] += allocation;
+      live += allocation;
+      count_storage(root);
     }
     if (options.record_timeline) {
       result.timeline.push_back(clamp_bytes(live));
@@ -219,19 +242,29 @@ SimulateResult simulate_steps(const Graph& graph, const detail::NodeIndex& index
       result.peak_step = static_cast<std::int32_t>(s);
       result.peak_node = schedule.node_at(s);
     }
-    for (auto r = free_head[s]; r != kNone; r = free_next[static_cast<std::size_t>(r)]) {
+    for (auto r = frees.head[s]; r != kNone; r = frees.next[static_cast<std::size_t>(r)]) {
       live -= held[static_cast<std::size_t>(r)];
       held[static_cast<std::size_t>(r)] = 0;
     }
-    if (static_cast<std::int32_t>(s) == last_forward) {
+    if (static_cast<std::int32_t>(s) == steps_storage.last_forward) {
       result.boundary_bytes = clamp_bytes(live);
-      result.boundary_step = last_forward;
+      result.boundary_step = steps_storage.last_forward;
     }
   }
   result.final_bytes = clamp_bytes(live);
   result.peak_bytes = clamp_bytes(peak);
-  result.resident_bytes = clamp_bytes(resident_total);
-  result.peak_bytes_with_resident = clamp_bytes(peak + resident_total);
+  result.resident_bytes = clamp_bytes(steps_storage.resident_total);
+  result.peak_bytes_with_resident = clamp_bytes(peak + steps_storage.resident_total);
+}
+
+SimulateResult simulate_steps(const Graph& graph, const detail::NodeIndex& index, const Steps& schedule,
+                              const SimulateOptions& options) {
+  SimulateResult result;
+  result.stats.steps = schedule.size();
+  StepStorage steps_storage(schedule.size());
+  scan_steps(graph, index, schedule, steps_storage, result.stats);
+  const FreeLists frees = plan_frees(index, schedule, steps_storage);
+  walk_steps(schedule, steps_storage, frees, options, result);
   return result;
 }
 
