@@ -298,12 +298,11 @@ void by_name(Out& out, const Graph& graph, const std::vector<std::int32_t>& node
   out.put('}');
 }
 
-// The full form: every decision with its per-node detail (reasons, region ids,
-// scope), objects keyed by name. Byte-identical to the plan of format version 1
-// but for the version.
+// The full form's per-node detail: every tagged node's policy, region id and
+// reason, in objects keyed by name. With the shared fields, byte-identical to
+// the plan of format version 1 but for the version.
 void full_fields(const Graph& graph, const PlanResult& result, std::vector<Field>& fields,
                  const std::vector<std::int32_t>& tagged) {
-  const Names name{graph};
   const auto& tags = result.tags;
   fields.push_back({"policies", [&](Out& o) {
                       by_name(o, graph, tagged, [](std::size_t) { return true; },
@@ -317,6 +316,12 @@ void full_fields(const Graph& graph, const PlanResult& result, std::vector<Field
                       by_name(o, graph, tagged, [&](std::size_t i) { return i < tags.reasons.size() && !tags.reasons[i].empty(); },
                               [&](Out& w, std::size_t i) { w.string(tags.reasons[i]); });
                     }});
+}
+
+// Both forms: the rewrite, entry by entry (duplicates, redirects, replays,
+// elided copies), and the scope per region.
+void entry_fields(const Graph& graph, const PlanResult& result, std::vector<Field>& fields) {
+  const Names name{graph};
   fields.push_back({"duplicates", [&, name](Out& o) {
                       array(o, result.remat.duplicates, [&](Out& w, const Duplicate& dup) {
                         w.put("{\"before\":");
@@ -404,8 +409,9 @@ void names_where(Out& out, const Graph& graph, Take take) {
   out.put(']');
 }
 
-// The compact form: what a caller needs to apply the plan, as flat arrays in
-// graph or schedule order (no per-node objects, nothing sorted by name).
+// The compact form's per-node facts: policies and region ids as name lists
+// grouped by value (graph order, nothing sorted by name) and the nodes pinned
+// for correctness instead of every reason.
 void compact_fields(const Graph& graph, const PlanResult& result, std::vector<Field>& fields) {
   const Names name{graph};
   const auto& tags = result.tags;
@@ -447,60 +453,12 @@ void compact_fields(const Graph& graph, const PlanResult& result, std::vector<Fi
                                is_correctness_reason(tags.reasons[i]);
                       });
                     }});
-  fields.push_back({"duplicates", [&, name](Out& o) {
-                      array(o, result.remat.duplicates, [&](Out& w, const Duplicate& dup) {
-                        w.put('[');
-                        w.string(name(dup.of));
-                        w.put(',');
-                        w.string(name(dup.before));
-                        bool first = true;
-                        for (auto input : graph.nodes[static_cast<std::size_t>(dup.of)].inputs)
-                          if (graph.nodes[static_cast<std::size_t>(input)].subgraph) {
-                            w.put(first ? ",[" : ",");
-                            first = false;
-                            w.string(name(input));
-                          }
-                        w.put(first ? "]" : "]]");
-                      });
-                    }});
-  fields.push_back({"redirects", [&, name](Out& o) {
-                      array(o, result.remat.redirects, [&](Out& w, const Redirect& r) {
-                        w.put('[');
-                        w.string(name(r.node));
-                        w.put(',');
-                        w.string(name(r.input));
-                        w.put(',');
-                        w.integer(r.copy);
-                        w.put(']');
-                      });
-                    }});
-  if (!result.remat.rng_replays.empty())
-    fields.push_back({"rng_replays", [&, name](Out& o) {
-                        array(o, result.remat.rng_replays, [&](Out& w, std::int32_t r) {
-                          w.put('[');
-                          w.string(name(r));
-                          w.put(',');
-                          w.string(name(r) + "_rng_state");
-                          w.put(',');
-                          w.integer(graph.nodes[static_cast<std::size_t>(r)].rng_state_bytes);
-                          w.put(']');
-                        });
-                      }});
-  if (!graph.elided_copies.empty())
-    fields.push_back({"elided_copies", [&](Out& o) {
-                        array(o, graph.elided_copies, [](Out& w, const ElidedCopy& copy) {
-                          w.put('[');
-                          w.string(copy.node);
-                          w.put(',');
-                          w.string(copy.source);
-                          w.put(']');
-                        });
-                      }});
 }
 
 void write_plan(Out& out, const Graph& graph, const PlanResult& result, const PlanJsonOptions& options) {
   std::vector<Field> fields;
   common_fields(graph, result, options, fields);
+  entry_fields(graph, result, fields);
   std::vector<std::int32_t> tagged;
   if (options.detail) {
     tagged = tagged_by_name(graph, result);

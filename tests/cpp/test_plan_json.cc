@@ -193,7 +193,7 @@ void plan_and_check(const Graph& graph, const std::string& config, bool timeline
 
 const char* kConfigs[] = {R"({"ac_mode": "off"})", R"({"ac_mode": "full"})", R"({"ac_mode": "selective"})",
                           R"({"ac_mode": "auto"})", R"({"ac_mode": "budget", "ac_memory_budget": 0.5})",
-                          R"({"ac_mode": "full", "ac_output_recompute": true})"};
+                          R"({"activation_checkpoint": {"mode": "full", "regions": {"output_recompute": true}}})"};
 
 }  // namespace
 

@@ -167,8 +167,9 @@ FlowNetwork flow_network(const Graph& graph, const PlanOptions& options);
 Evaluation score_recompute_set(const Graph& graph, const std::vector<std::int32_t>& recomputed, const CostOptions& cost);
 
 // The plan document's format version (docs/graph-format.md, "Plan document";
-// the graph format has its own). Readers refuse any other.
-inline constexpr int kPlanFormatVersion = 1;
+// the graph format has its own). Readers refuse any other. 2: the compact
+// form next to the full one (whose bytes are version 1's but for this number).
+inline constexpr int kPlanFormatVersion = 2;
 
 // How the plan document is written (plan_json.cc). Either form goes straight
 // to its output in the format's canonical byte order (keys sorted at every
