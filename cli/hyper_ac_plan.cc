@@ -1,5 +1,6 @@
 // hyper-ac-plan: load and validate a graph JSON; with --config, plan it.
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -154,7 +155,11 @@ int main(int argc, char** argv) {
       if (timings)
         std::cerr << "timings: write " << std::chrono::duration<double>(std::chrono::steady_clock::now() - writing).count()
                   << " s\n";
-      return 0;
+      // Everything is written and flushed: leave without destroying the graph and the plan
+      // (the OS takes the memory back at once; freeing a 1M-node graph object by object took
+      // about a tenth of the run's wall time), as compilers do (clang -disable-free).
+      std::cerr.flush();
+      std::_Exit(0);
     }
     if (print) {
       hyper_ac::PrintOptions print_options;
