@@ -149,8 +149,8 @@ def markdown(rows: list[dict], header: str) -> str:
         values = [r[key] for r in rows if r.get(key) is not None]
         if values:
             worst = max(values)
-            lines.append(f"- {what}: {'met' if worst <= limit else 'NOT met'} in {sum(v <= limit for v in values)} "
-                         f"of {len(values)} runs (worst {worst:.3f})")
+            lines.append(f"- {what}: {'met in every run' if worst <= limit else 'NOT met in every run'} (met in "
+                         f"{sum(v <= limit for v in values)} of {len(values)} runs; worst {worst:.3f})")
     return "\n".join(lines) + "\n"
 
 
