@@ -222,6 +222,14 @@ def run_core_only(template, opts: ScalingOptions, log: Callable[[str], None]) ->
         row.update({k: v for k, v in measure_loading_text(text, opts.core_repeat).items() if k != "json_mb"})
     except Exception as exc:
         row["loading_error"] = _first_line(exc)
+    try:  # from graph bytes to plan bytes: the CLI and the Python route (benchmarks/plan_output.py)
+        from benchmarks.plan_output import measure_plan_output_text
+
+        row.update({f"plan_output_{k}" if k == "json_loads_seconds" else k: v
+                    for k, v in measure_plan_output_text(text, opts.core_repeat).items()
+                    if k not in ("json_mb", "mode", "repeat")})
+    except Exception as exc:
+        row["plan_output_error"] = _first_line(exc)
     try:
         row["parse_seconds"], summary = _best(lambda: _core.graph_summary(text), opts.core_repeat)
         row["forward_nodes"] = summary.get("forward_nodes")

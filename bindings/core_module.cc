@@ -4,6 +4,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -20,6 +21,21 @@
 namespace py = pybind11;
 using namespace hyper_ac;
 
+namespace {
+
+// load_graph of text held by Python (a str's UTF-8 or a bytes object, read in
+// place): one copy with the fast path's padding, freed once the graph is
+// built, instead of pybind's copy to a std::string and the loader's padded
+// copy of that (two copies of a 250 MB document at 1M nodes).
+LoadResult load_padded(std::string_view text) {
+  std::string padded;
+  padded.reserve(text.size() + 64);  // graph_load::load_fast reads up to 64 bytes past the end
+  padded.append(text.data(), text.size());
+  return load_graph(padded);
+}
+
+}  // namespace
+
 PYBIND11_MODULE(_core, m) {
   m.doc() = "hyper_ac C++ core: graph loading, tagging, remat planning (torch-free)";
   py::register_exception<GraphError>(m, "GraphError", PyExc_ValueError);
@@ -30,6 +46,7 @@ PYBIND11_MODULE(_core, m) {
   py::register_exception<MinCutError>(m, "MinCutError", PyExc_ValueError);
   py::register_exception<PolicyConflictError>(m, "PolicyConflictError", PyExc_ValueError);
   m.attr("GRAPH_FORMAT_VERSION") = kGraphFormatVersion;
+  m.attr("PLAN_FORMAT_VERSION") = kPlanFormatVersion;
 
   m.def("graph_fields", []() {
     py::list fields;
@@ -101,38 +118,45 @@ PYBIND11_MODULE(_core, m) {
     parse_op_policy(table_json);
   }, py::arg("table_json"));
 
-  m.def("plan", [](const std::string& graph_json, const std::string& config_json, const std::string& op_policy_json,
-                   bool timings, bool timeline, std::optional<std::vector<std::string>> stock_recomputed) {
+  m.def("plan", [](std::string_view graph_json, const std::string& config_json, const std::string& op_policy_json,
+                   bool timings, bool timeline, std::optional<std::vector<std::string>> stock_recomputed, bool detail) {
     py::gil_scoped_release release;
     const auto started = std::chrono::steady_clock::now();
-    auto loaded = load_graph(graph_json);
+    auto loaded = load_padded(graph_json);
     const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     PlanOptions options = parse_plan_options(config_json, op_policy_json);
     options.record_timeline = timeline;
     options.stock_recomputed = std::move(stock_recomputed);
     auto result = plan(loaded.graph, options);
     result.timings.load_seconds = load_seconds;
-    return plan_to_json(loaded.graph, result, timings);
+    PlanJsonOptions json_options;
+    json_options.detail = detail;
+    json_options.timings = timings;
+    return plan_to_json(loaded.graph, result, json_options);
   }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = "", py::arg("timings") = false,
-     py::arg("timeline") = false, py::arg("stock_recomputed") = py::none(),
-     "Plan save/recompute for a graph; return the plan JSON (with per-stage wall times under 'timings' if asked;\n"
-     "without them the plan is byte-identical for the same input). timeline=True adds 'timeline': live activation\n"
-     "bytes per schedule step before/after the rewrite and each schedule's last forward step. stock_recomputed:\n"
-     "the forward node names the stock partition recomputes (PlanOptions::stock_recomputed): auto then rewrites\n"
-     "nothing unless its simulated peak is below that plan's.");
+     py::arg("timeline") = false, py::arg("stock_recomputed") = py::none(), py::arg("detail") = false,
+     "Plan save/recompute for a graph (JSON text, str or bytes); return the plan document (docs/graph-format.md):\n"
+     "the compact form, or with detail=True the full one (every tagged node's policy, region id and reason by\n"
+     "name). With per-stage wall times under 'timings' if asked; without them the plan is byte-identical for the\n"
+     "same input. timeline=True adds 'timeline': live activation bytes per schedule step before/after the rewrite\n"
+     "and each schedule's last forward step. stock_recomputed: the forward node names the stock partition\n"
+     "recomputes (PlanOptions::stock_recomputed): auto then rewrites nothing unless its simulated peak is below\n"
+     "that plan's.");
 
-  m.def("plan_split", [](const std::string& graph_json, const std::string& config_json, const std::string& op_policy_json,
-                         bool timeline, std::optional<std::vector<std::string>> stock_recomputed) {
+  m.def("plan_split", [](std::string_view graph_json, const std::string& config_json, const std::string& op_policy_json,
+                         bool timeline, std::optional<std::vector<std::string>> stock_recomputed, bool detail) {
     py::gil_scoped_release release;
-    auto loaded = load_graph(graph_json);
+    auto loaded = load_padded(graph_json);
     PlanOptions options = parse_plan_options(config_json, op_policy_json);
     options.record_timeline = timeline;
     options.stock_recomputed = std::move(stock_recomputed);
     auto result = plan(loaded.graph, options);
     auto split = split_joint(loaded.graph, result.remat);
-    return std::make_pair(plan_to_json(loaded.graph, result, false), split_to_json(loaded.graph, split));
+    PlanJsonOptions json_options;
+    json_options.detail = detail;
+    return std::make_pair(plan_to_json(loaded.graph, result, json_options), split_to_json(loaded.graph, split));
   }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = "", py::arg("timeline") = false,
-     py::arg("stock_recomputed") = py::none(),
+     py::arg("stock_recomputed") = py::none(), py::arg("detail") = false,
      "(plan JSON, split JSON): the plan exactly as plan() gives it, and the forward/backward split of the rewritten\n"
      "graph (split.h): the nodes each module runs and the values the forward saves, in order (docs/graph-format.md).");
 

@@ -196,7 +196,7 @@ def _plan(args: argparse.Namespace) -> int:
     if args.print:  # the same plan, through the core's text printer
         print(_core.print_plan(graph_json, load_config(args.config).json_for(None), op_policy_json()), end="")
     else:
-        print(json.dumps(hyper_ac.plan(graph_json, args.config).plan, indent=1))
+        print(json.dumps(hyper_ac.plan(graph_json, args.config, detail=args.detail).plan, indent=1))
     return 0
 
 
@@ -244,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("graph")
     plan.add_argument("config")
     plan.add_argument("--print", action="store_true", help="print the annotated graph instead of the plan JSON")
+    plan.add_argument("--detail", action="store_true",
+                      help="the plan's full form (every tagged node's policy, region id and reason by name) "
+                           "instead of the compact one (docs/graph-format.md)")
     plan.set_defaults(func=_plan)
     config = sub.add_parser("config", help="validate a YAML config and print its canonical JSON")
     config.add_argument("config")

@@ -18,6 +18,7 @@ from torch import fx
 from torch.utils.checkpoint import CheckpointPolicy
 
 from hyper_ac import fx_meta
+from hyper_ac.planning import plan_doc
 from hyper_ac.lower._fx import copy_node
 from hyper_ac.lower._gc import paused_gc
 
@@ -50,6 +51,7 @@ def apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], *, tag_only: bool = 
 
 
 def _apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], tag_only: bool, recompile: bool) -> fx.GraphModule:
+    plan_doc.check(plan)  # either form of this build's version; no reader for older plans
     graph = gm.graph
     map_arg = fx.node.map_arg
     by_name = {node.name: node for node in graph.nodes}
@@ -66,9 +68,9 @@ def _apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], tag_only: bool, rec
     # First, so every name below refers to the graph the core planned.
     for name in _elide_copies(gm, plan, by_name, changed):
         del by_name[name]
-    for name, policy in plan.get("policies", {}).items():
+    for name, policy in plan_doc.policies(plan):
         fx_meta.set_policy(node_named(name, "policy"), CheckpointPolicy[policy])
-    for name, graph_id in plan.get("graph_ids", {}).items():
+    for name, graph_id in plan_doc.graph_ids(plan):
         fx_meta.set_graph_id(node_named(name, "graph id"), graph_id)
     if tag_only:
         return gm
@@ -77,11 +79,11 @@ def _apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], tag_only: bool, rec
     # segment. A copy reads the latest copy of each input made before it.
     duplicate_of: dict[fx.Node, fx.Node] = {}
     copies: list[fx.Node] = []
-    for index, entry in enumerate(plan.get("duplicates", [])):
+    for index, entry in enumerate(plan["duplicates"]):
         original = node_named(entry["of"], "duplicate")
         before = node_named(entry["before"], "insertion point")
         private = {
-            by_name[n]: _private_get_attr(gm, by_name[n], before, index) for n in entry.get("private_get_attrs", [])
+            by_name[n]: _private_get_attr(gm, by_name[n], before, index) for n in entry["private_get_attrs"]
         }
 
         def remap(arg: fx.Node, private: dict = private) -> fx.Node:
@@ -94,13 +96,13 @@ def _apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], tag_only: bool, rec
         copies.append(copy)
     changed += copies
 
-    for entry in plan.get("redirects", []):
+    for entry in plan["redirects"]:
         consumer = node_named(entry["node"], "redirect")
         original = node_named(entry["input"], "redirect")
         if original not in duplicate_of:
             raise ValueError(f"plan redirects '{consumer.name}' to a duplicate of '{original.name}', which was not made")
-        index = entry.get("copy", -1)
-        if index is None or index < 0:
+        index = entry["copy"]
+        if index < 0:
             copy = duplicate_of[original]
         elif index >= len(copies) or fx_meta.recomputed_from(copies[index]) != original.name:
             raise ValueError(f"plan redirects '{consumer.name}' to copy #{index}, which is not a duplicate of "
@@ -113,10 +115,10 @@ def _apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], tag_only: bool, rec
     copies_of: dict[str, list[fx.Node]] = {}
     for copy in copies:
         copies_of.setdefault(fx_meta.recomputed_from(copy), []).append(copy)
-    for entry in plan.get("rng_replays", []):
+    for entry in plan.get("rng_replays", []):  # present only when non-empty
         changed += _replay_random_op(gm, entry, node_named, copies_of)
 
-    for name in plan.get("erase", []):
+    for name in plan["erase"]:
         node = node_named(name, "erase")
         if node.users:
             raise ValueError(f"plan erases '{name}', which is still read by {[u.name for u in node.users]}")
@@ -155,6 +157,9 @@ def apply_elided_copies(gm: fx.GraphModule, plan: Mapping[str, Any]) -> list[str
     reader of the copy reads its source, and the copy is erased. Returns the
     erased names. ``apply_plan`` does this first; a caller that partitions with
     PyTorch's partitioner instead (the backend's stock route) calls it alone."""
+    if not plan:  # mode off: nothing was planned (PassResult("off", {}))
+        return []
+    plan_doc.check(plan)
     return _elide_copies(gm, plan, None, [])
 
 
@@ -165,7 +170,7 @@ def _elide_copies(gm: fx.GraphModule, plan: Mapping[str, Any], by_name: Optional
     if by_name is None:
         by_name = {node.name: node for node in gm.graph.nodes}
     erased = []
-    for entry in plan.get("elided_copies", []):
+    for entry in plan.get("elided_copies", []):  # present only when non-empty
         copy, source = by_name.get(entry["node"]), by_name.get(entry["source"])
         if copy is None or source is None:
             missing = entry["node"] if copy is None else entry["source"]

@@ -121,18 +121,16 @@ def write_decisions(joint: fx.GraphModule, plan: Any) -> None:
             fx_meta.set_policy(node, CheckpointPolicy.MUST_SAVE)
 
 
-# The reasons the core names as correctness pins (tagging.h: in-place, rng,
-# collective). PyTorch's min-cut does not know the first (it recomputes reads of
-# a buffer the step updates in place), so these pins go with every stock call.
-_CORRECTNESS_PINS = frozenset(_core.correctness_reasons())
-
-
 def write_correctness_pins(joint: fx.GraphModule, plan: Any) -> int:
-    """Tag ``MUST_SAVE`` every node the core's plan pins for correctness
-    (:data:`_CORRECTNESS_PINS`) and leave the rest to PyTorch's min-cut; returns the count."""
+    """Tag ``MUST_SAVE`` every node the core's plan pins for correctness (in-place, rng,
+    collective: :func:`hyper_ac.planning.plan_doc.pinned`) and leave the rest to PyTorch's min-cut;
+    returns the count. PyTorch's min-cut does not know the first (it recomputes reads of a
+    buffer the step updates in place), so these pins go with every stock call."""
     from torch.utils.checkpoint import CheckpointPolicy
 
-    pinned = {name for name, reason in plan.get("reasons", {}).items() if reason in _CORRECTNESS_PINS}
+    from hyper_ac.planning import plan_doc
+
+    pinned = plan_doc.pinned(plan)
     count = 0
     for node in joint.graph.nodes:
         if node.name in pinned and node.op == "call_function" and fx_meta.policy(node) is None:
@@ -150,8 +148,8 @@ class _PartitionStep:
     """
 
     def __init__(self, cfg: Any, *, model: Any, route: str, tag_only: bool,
-                 on_result: Optional[Callable[[Any], None]], current: dict) -> None:
-        self.cfg, self.model, self.route, self.tag_only = cfg, model, route, tag_only
+                 on_result: Optional[Callable[[Any], None]], current: dict, detail: bool = False) -> None:
+        self.cfg, self.model, self.route, self.tag_only, self.detail = cfg, model, route, tag_only, detail
         self.on_result, self.current = on_result, current
 
     def __call__(self, joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any):
@@ -169,7 +167,8 @@ class _PartitionStep:
         baseline = stock_recomputed(joint, joint_inputs, **kwargs) if self.cfg.mode == "auto" and not user_tagged \
             else None
         try:
-            result = plan(joint, self.cfg, self.model, split=native_split, stock_recomputed=baseline)
+            result = plan(joint, self.cfg, self.model, split=native_split, stock_recomputed=baseline,
+                          detail=self.detail)
         except _core.NoUnitsError as error:
             # With graph breaks, a piece of the step (say, only the loss) may hold
             # no block at all: that piece is partitioned as stock does it.
@@ -226,7 +225,7 @@ def _inductor_partitioner(step: _PartitionStep, key: str):
 
 
 def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: str = "eager",
-            tag_only: bool = False, on_result: Optional[Callable[[Any], None]] = None):
+            tag_only: bool = False, on_result: Optional[Callable[[Any], None]] = None, detail: bool = False):
     """``torch.compile(model, backend=hyper_ac.backend("configs/selective.yaml"))``.
 
     The config is loaded and validated now, so a bad config fails before
@@ -238,7 +237,9 @@ def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: s
     (``compile_fx``) with hyper_ac's partition step. ``tag_only=True`` only
     writes the policies and partitions with PyTorch's
     ``min_cut_rematerialization_partition``, which honours them.
-    ``on_result(PassResult)`` is called after each graph is planned.
+    ``on_result(PassResult)`` is called after each graph is planned; its plan is the
+    compact form unless ``detail=True`` (docs/graph-format.md, "Plan document"), which the
+    backend applies alike.
     The model's own checkpoint tags (``torch.utils.checkpoint``,
     ``gradient_checkpointing_enable()``) are honoured in every mode.
     """
@@ -254,7 +255,7 @@ def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: s
     # compiled: they let annotate_joint tell parameters, buffers and inputs apart.
     current: dict = {}
     step = _PartitionStep(cfg, model=model, route="tag" if compiler == "inductor" else "own",
-                          tag_only=tag_only, on_result=on_result, current=current)
+                          tag_only=tag_only, on_result=on_result, current=current, detail=detail)
 
     if compiler == "inductor":
         from torch._inductor.compile_fx import compile_fx, compile_fx_inner

@@ -87,7 +87,8 @@ def prepare_activation_checkpoint(model: Any, config: Any) -> Prepared:
 
 @dataclasses.dataclass
 class PassResult:
-    """What one run of the pass did (``plan`` is the core's plan document)."""
+    """What one run of the pass did (``plan`` is the core's plan document, in the form asked
+    for: docs/graph-format.md, "Plan document"; :mod:`hyper_ac.planning.plan_doc` reads either form)."""
 
     mode: str
     plan: Mapping[str, Any]
@@ -144,28 +145,29 @@ def _require_annotated(gm: fx.GraphModule) -> None:
             )
 
 
-def _graph_json(graph: Union[fx.GraphModule, str, Mapping[str, Any]], model: Any, caller: str) -> str:
+def _graph_json(graph: Union[fx.GraphModule, str, bytes, Mapping[str, Any]], model: Any,
+                caller: str) -> Union[str, bytes]:
     if isinstance(graph, fx.GraphModule):
         from hyper_ac.frontend.serialize import to_json
 
         _require_annotated(graph)
         return to_json(graph, model)
-    if isinstance(graph, str):
+    if isinstance(graph, (str, bytes)):  # the core reads either in place
         return graph
     if isinstance(graph, Mapping):
         return json.dumps(graph, separators=(",", ":"))
-    raise TypeError(f"hyper_ac.{caller}: graph must be an fx.GraphModule, graph JSON text or its dict, "
+    raise TypeError(f"hyper_ac.{caller}: graph must be an fx.GraphModule, graph JSON text (str or bytes) or its dict, "
                     f"got {type(graph).__name__}")
 
 
-def plan(graph: Union[fx.GraphModule, str, Mapping[str, Any]], config: Any, model: Any = None, *,
+def plan(graph: Union[fx.GraphModule, str, bytes, Mapping[str, Any]], config: Any, model: Any = None, *,
          timeline: bool = False, split: bool = False,
-         stock_recomputed: Optional[Sequence[str]] = None) -> PassResult:
+         stock_recomputed: Optional[Sequence[str]] = None, detail: bool = False) -> PassResult:
     """The core's plan for a joint graph, without changing it: the one entry
     the pass, the CLI and the benchmark call.
 
     ``graph``: an annotated joint ``fx.GraphModule`` (serialised here), or a
-    graph document already serialised (JSON text or its dict).
+    graph document already serialised (JSON text, ``str`` or ``bytes``, or its dict).
     ``config``: a preset name, YAML path, dict or :class:`Config`.
     ``model``: the live module, for its ``model`` section and its adapter's
     region patterns.
@@ -182,11 +184,18 @@ def plan(graph: Union[fx.GraphModule, str, Mapping[str, Any]], config: Any, mode
     fact measured with torch); ``auto`` then rewrites nothing unless its
     simulated peak is below that plan's (the core decides: docs/mincut.md,
     "Never worse than stock"). ``None`` (default): no comparison.
+    ``detail``: the plan document's form (docs/graph-format.md, "Plan document"):
+    ``False`` (default) the compact form, what applying it needs and the
+    cheapest to read; ``True`` the full form, every tagged node's policy,
+    region id and reason keyed by name. Both carry the same decisions
+    (:mod:`hyper_ac.planning.plan_doc` reads either).
     """
     if not isinstance(timeline, bool):
         raise TypeError(f"hyper_ac.plan: timeline must be a bool, got {type(timeline).__name__}")
     if not isinstance(split, bool):
         raise TypeError(f"hyper_ac.plan: split must be a bool, got {type(split).__name__}")
+    if not isinstance(detail, bool):
+        raise TypeError(f"hyper_ac.plan: detail must be a bool, got {type(detail).__name__}")
     if stock_recomputed is not None:
         if isinstance(stock_recomputed, str) or not all(isinstance(n, str) for n in stock_recomputed):
             raise TypeError("hyper_ac.plan: stock_recomputed must be a sequence of node names (str) or None")
@@ -199,11 +208,12 @@ def plan(graph: Union[fx.GraphModule, str, Mapping[str, Any]], config: Any, mode
         split_doc = None
         if split:
             plan_text, split_text = _core.plan_split(graph_json, cfg.json_for(model), op_policy_json(),
-                                                     timeline=timeline, stock_recomputed=stock_recomputed)
+                                                     timeline=timeline, stock_recomputed=stock_recomputed,
+                                                     detail=detail)
             split_doc = json.loads(split_text)
         else:
             plan_text = _core.plan(graph_json, cfg.json_for(model), op_policy_json(), timeline=timeline,
-                                   stock_recomputed=stock_recomputed)
+                                   stock_recomputed=stock_recomputed, detail=detail)
         t2 = time.perf_counter()
         return PassResult(cfg.mode, json.loads(plan_text), plan_seconds=t2 - t1, serialize_seconds=t1 - t0,
                           split=split_doc)
@@ -258,7 +268,8 @@ class ActivationCheckpointPass(GraphPass):
         apply_plan(graph_module, result.plan, tag_only=self.tag_only, recompile=recompile)
         result.apply_seconds = time.perf_counter() - t0
         result.report()
-        _LOG.debug("plan: %s", json.dumps(result.plan, indent=1))
+        if _LOG.isEnabledFor(logging.DEBUG):  # a large plan is not rendered for nothing
+            _LOG.debug("plan: %s", json.dumps(result.plan, indent=1))
         self.result = result
         return graph_module
 

@@ -133,7 +133,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             torch._dynamo.reset()
             compiled = torch.compile(
                 trained, fullgraph=True,
-                backend=hyper_ac.backend(_config(mode), model=trained, on_result=results.append))
+                backend=hyper_ac.backend(_config(mode), model=trained, on_result=results.append, detail=True))
             loss, grads = _step(trained, x, compiled)
             torch._dynamo.reset()
             entry: dict = {

@@ -3,7 +3,7 @@
 For every graph the Python tests use (the captured models of ``conftest`` at
 their test sizes, and each valid JSON graph in ``tests/data``) under every
 mode and every preset in ``configs/``, the sha256 of the plan JSON the core
-returns is recorded in ``tests/data/plan_hashes.json``. Only the plan is
+returns (its full form, ``detail=True``) is recorded in ``tests/data/plan_hashes.json``. Only the plan is
 hashed, never the graph document (its ``model`` section may change shape
 without changing a decision). A config the core rejects for a graph (no
 units, say) records the error's type instead, so a change of outcome fails
@@ -69,7 +69,7 @@ def _plan_hash(core, graph: str, config, model) -> str:
 
     try:
         cfg_json = load_config(config).json_for(model)
-        text = core.plan(graph, cfg_json, op_policy_json())
+        text = core.plan(graph, cfg_json, op_policy_json(), detail=True)  # the full form, every byte
     except (ValueError, RuntimeError, ConfigError) as error:
         return f"error:{type(error).__name__}"  # the type only: messages may be reworded
     return hashlib.sha256(text.encode()).hexdigest()
@@ -112,9 +112,9 @@ def test_timeline_is_opt_in_and_adds_only_itself():
     c = get_captured("transformer")
     for mode in ("off", "selective", "auto"):
         cfg = load_config({"ac_mode": mode}).json_for(c.model)
-        plain = core.plan(c.json(), cfg, op_policy_json())
-        assert plain == core.plan(c.json(), cfg, op_policy_json(), timeline=False)
-        with_timeline = json.loads(core.plan(c.json(), cfg, op_policy_json(), timeline=True))
+        plain = core.plan(c.json(), cfg, op_policy_json(), detail=True)
+        assert plain == core.plan(c.json(), cfg, op_policy_json(), timeline=False, detail=True)
+        with_timeline = json.loads(core.plan(c.json(), cfg, op_policy_json(), timeline=True, detail=True))
         timeline = with_timeline.pop("timeline")
         assert with_timeline == json.loads(plain)
         stats = with_timeline["stats"]

@@ -190,7 +190,7 @@ def test_small_random_op_is_saved_not_replayed():
 
     model = Net().train()
     cap = capture_joint(model, torch.randn(4, 8))
-    result = hyper_ac.plan(cap.graph_module, {"ac_mode": "full"}, model=model)
+    result = hyper_ac.plan(cap.graph_module, {"ac_mode": "full"}, model=model, detail=True)
     reasons = result.plan["reasons"]
     dropouts = [n for n in reasons if n.startswith("native_dropout")]
     assert len(dropouts) == 2

@@ -155,7 +155,7 @@ def plan(gm: fx.GraphModule, model: nn.Module, cfg: dict) -> Planned:
     config_json = config.load_config(cfg).json_for(model)
     op_policy = config.op_policy_json()
     text = c.print_plan(graph_json, config_json, op_policy)
-    return Planned(gm, text, json.loads(c.plan(graph_json, config_json, op_policy)))
+    return Planned(gm, text, json.loads(c.plan(graph_json, config_json, op_policy, detail=True)))
 
 
 _CACHE: dict[str, Any] = {}
@@ -811,7 +811,8 @@ def test_tag_only_min_cut_matches_eager(name, monkeypatch):
     try:
         fn = torch.compile(
             compiled,
-            backend=hyper_ac.backend({"ac_mode": "selective"}, model=compiled, tag_only=True, on_result=results.append),
+            backend=hyper_ac.backend({"ac_mode": "selective"}, model=compiled, tag_only=True, on_result=results.append,
+                                     detail=True),
         )
         loss = fn(**batch).loss
         loss.backward()

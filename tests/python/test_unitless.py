@@ -258,7 +258,7 @@ def test_user_recompute_tags_seed_the_plan():
     torch.manual_seed(0)
     model = _Checkpointed()
     x = torch.randn(8, 16, 32)
-    _peak = _peak_and_grads(model, x, hyper_ac.backend({"ac_mode": "auto"}, on_result=results.append))
+    _peak = _peak_and_grads(model, x, hyper_ac.backend({"ac_mode": "auto"}, on_result=results.append, detail=True))
     policies = results[0].plan["policies"]
     assert results[0].stats["user_tagged"] > 0
     # No node the model recomputes is saved by the plan, except the saved region boundaries.

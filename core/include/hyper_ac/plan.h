@@ -2,6 +2,7 @@
 // plan → memory estimate, and the plan's JSON form (docs/graph-format.md).
 #pragma once
 
+#include <iosfwd>
 #include <optional>
 #include <string>
 #include <vector>
@@ -165,6 +166,31 @@ FlowNetwork flow_network(const Graph& graph, const PlanOptions& options);
 // MUST_RECOMPUTE. Throws std::invalid_argument naming a bad node.
 Evaluation score_recompute_set(const Graph& graph, const std::vector<std::int32_t>& recomputed, const CostOptions& cost);
 
+// The plan document's format version (docs/graph-format.md, "Plan document";
+// the graph format has its own). Readers refuse any other. 2: the compact
+// form next to the full one (whose bytes are version 1's but for this number).
+inline constexpr int kPlanFormatVersion = 2;
+
+// How the plan document is written (plan_json.cc). Either form goes straight
+// to its output in the format's canonical byte order (keys sorted at every
+// level), without building a JSON tree.
+struct PlanJsonOptions {
+  // The full form: every tagged node's policy, region id and reason keyed by
+  // node name. false: the compact form, what a caller needs to apply the plan
+  // (policies and region ids as name lists grouped by value, the nodes pinned
+  // for correctness); the same decisions.
+  bool detail = true;
+  // Add the per-stage wall times ("timings"): the document is then not
+  // byte-identical from run to run.
+  bool timings = false;
+};
+
+// The plan document, written to `out` in blocks as it is produced.
+void write_plan_json(std::ostream& out, const Graph& graph, const PlanResult& result,
+                     const PlanJsonOptions& options = {});
+// The plan document as one string.
+std::string plan_to_json(const Graph& graph, const PlanResult& result, const PlanJsonOptions& options);
+// The full form (with "timings" if asked for).
 std::string plan_to_json(const Graph& graph, const PlanResult& result, bool include_timings = false);
 
 // Per-node "POLICY (reason)" strings for print_graph annotations / golden files.
