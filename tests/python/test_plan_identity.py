@@ -1,9 +1,11 @@
-"""Plan identity: the core's plan is byte-identical across restructures.
+"""Plan identity: the core's plan is the same across restructures.
 
 For every graph the Python tests use (the captured models of ``conftest`` at
 their test sizes, and each valid JSON graph in ``tests/data``) under every
 mode and every preset in ``configs/``, the sha256 of the plan JSON the core
-returns is recorded in ``tests/data/plan_hashes.json``. Only the plan is
+returns is recorded in ``tests/data/plan_hashes.json``: the whole document
+but the wording of its diagnostics (each keeps its level and node), so a
+reworded message changes no hash. Only the plan is
 hashed, never the graph document (its ``model`` section may change shape
 without changing a decision). A config the core rejects for a graph (no
 units, say) records the error's type instead, so a change of outcome fails
@@ -81,10 +83,12 @@ def _plan_hash(core, graph: str, config, model) -> str:
 
     try:
         cfg_json = load_config(config).json_for(model)
-        text = core.plan(graph, cfg_json, op_policy_json())
+        plan = json.loads(core.plan(graph, cfg_json, op_policy_json()))
     except (ValueError, RuntimeError, ConfigError) as error:
         return f"error:{type(error).__name__}"  # the type only: messages may be reworded
-    return hashlib.sha256(text.encode()).hexdigest()
+    for diagnostic in plan["diagnostics"]:
+        diagnostic.pop("message")  # the decisions, not their wording
+    return hashlib.sha256(json.dumps(plan, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _compute() -> dict:
@@ -121,16 +125,6 @@ def _digest(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
-def _route(graph: str, plan: dict) -> str:
-    """The route the backend takes for this plan (no stock comparison):
-    mode off, or a plan that duplicates nothing on a graph without the
-    model's own tags, goes to stock; anything else is rewritten."""
-    if plan["mode"] == "off":
-        return "stock"
-    user_tagged = any(node.get("policy") is not None for node in json.loads(graph)["nodes"])
-    return "rewrite" if plan["duplicates"] or user_tagged else "stock"
-
-
 def _decisions(core, graph: str, config, model) -> dict:
     """The plan's decisions, part by part (each as a short digest), and its frontier's."""
     from hyper_ac.config import ConfigError, load_config, op_policy_json
@@ -149,7 +143,7 @@ def _decisions(core, graph: str, config, model) -> dict:
         "rng_replays": [r["of"] for r in plan.get("rng_replays", [])],
     }
     out = {key: _digest(value) for key, value in parts.items()}
-    out["route"] = _route(graph, plan)
+    out["route"] = plan["route"]  # the core's (recorded before it was: the backend's rule, no stock comparison)
     out["counts"] = [len(plan["policies"]), len(plan["duplicates"]), len(plan["saved"])]
     try:
         out["pareto"] = _digest(json.loads(core.pareto(graph, cfg_json, op_policy_json())))
