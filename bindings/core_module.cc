@@ -18,6 +18,8 @@
 #include "hyper_ac/split.h"
 #include "hyper_ac/tagging.h"
 
+#include "default_op_policy.h"  // the shipped operator table, compiled in as in the CLI
+
 namespace py = pybind11;
 using namespace hyper_ac;
 
@@ -32,6 +34,18 @@ LoadResult load_padded(std::string_view text) {
   padded.reserve(text.size() + 64);  // graph_load::load_fast reads up to 64 bytes past the end
   padded.append(text.data(), text.size());
   return load_graph(padded);
+}
+
+// The operator table a call plans with: None = the shipped one (hyper_ac/configs/op_policy.yaml,
+// compiled in, the CLI's default too); "" = none; else the given table.
+PlanOptions options_for(const std::string& config_json, const std::optional<std::string>& op_policy_json) {
+  return parse_plan_options(config_json, op_policy_json ? *op_policy_json : std::string(hyper_ac_cli::kDefaultOpPolicy));
+}
+
+ConfigFactsOptions facts_options(const std::optional<std::string>& runner) {
+  ConfigFactsOptions options;
+  if (runner) options.runner = parse_compiler_name(*runner);
+  return options;
 }
 
 }  // namespace
@@ -68,6 +82,7 @@ PYBIND11_MODULE(_core, m) {
      "name, kind, required, default_json, member, always (the canonical form writes it at its default), flag, check.");
   m.def("graph_fields_markdown", []() { return graph_fields_markdown(); },
         "The field table as docs/graph-format.md shows it (Markdown).");
+  m.attr("DEFAULT_OP_POLICY") = std::string(hyper_ac_cli::kDefaultOpPolicy);
 
   m.def("format_bytes", [](std::int64_t bytes) { return format_bytes(bytes); }, py::arg("bytes"),
         "Human-readable byte count (\"1.50 MiB\").");
@@ -108,7 +123,20 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("validate_config", [](const std::string& config_json) {
     return config_to_json(parse_config(config_json));
-  }, py::arg("config_json"), "Validate a config; return its canonical JSON.");
+  }, py::arg("config_json"), "Validate a config; return its canonical JSON (every option, defaults resolved).");
+
+  m.def("config_facts", [](const std::string& config_json, std::optional<std::string> runner) {
+    return config_facts_to_json(config_facts(parse_config(config_json), facts_options(runner)));
+  }, py::arg("config_json"), py::arg("runner") = py::none(),
+     "What a config resolves to (hyper_ac::config_facts, JSON): plans, compare_with_stock, compiler, split,\n"
+     "buffer_reuse, inductor_buffer_reuse, the effective lambda, the hardware, rng, warnings. runner: the compiler\n"
+     "that will run the graph (a backend's compiler; validated here).");
+
+  m.def("with_runner", [](const std::string& config_json, const std::string& runner) {
+    return config_to_json(with_runner(parse_config(config_json), parse_compiler_name(runner)));
+  }, py::arg("config_json"), py::arg("runner"),
+     "The canonical config planned for the compiler that runs the graph (hyper_ac::with_runner): a config on the\n"
+     "default compiler takes `runner`, one that names inductor keeps it.");
 
   m.def("correctness_reasons", []() { return correctness_reasons(); },
         "The plan's `reasons` that pin a node for correctness (in-place, rng, collective): a stock partitioner "
@@ -118,13 +146,13 @@ PYBIND11_MODULE(_core, m) {
     parse_op_policy(table_json);
   }, py::arg("table_json"));
 
-  m.def("plan", [](std::string_view graph_json, const std::string& config_json, const std::string& op_policy_json,
+  m.def("plan", [](std::string_view graph_json, const std::string& config_json, const std::optional<std::string>& op_policy_json,
                    bool timings, bool timeline, std::optional<std::vector<std::string>> stock_recomputed, bool detail) {
     py::gil_scoped_release release;
     const auto started = std::chrono::steady_clock::now();
     auto loaded = load_padded(graph_json);
     const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    PlanOptions options = parse_plan_options(config_json, op_policy_json);
+    PlanOptions options = options_for(config_json, op_policy_json);
     options.record_timeline = timeline;
     options.stock_recomputed = std::move(stock_recomputed);
     auto result = plan(loaded.graph, options);
@@ -133,7 +161,7 @@ PYBIND11_MODULE(_core, m) {
     json_options.detail = detail;
     json_options.timings = timings;
     return plan_to_json(loaded.graph, result, json_options);
-  }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = "", py::arg("timings") = false,
+  }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = py::none(), py::arg("timings") = false,
      py::arg("timeline") = false, py::arg("stock_recomputed") = py::none(), py::arg("detail") = false,
      "Plan save/recompute for a graph (JSON text, str or bytes); return the plan document (docs/graph-format.md):\n"
      "the compact form, or with detail=True the full one (every tagged node's policy, region id and reason by\n"
@@ -143,11 +171,11 @@ PYBIND11_MODULE(_core, m) {
      "recomputes (PlanOptions::stock_recomputed): auto then rewrites nothing unless its simulated peak is below\n"
      "that plan's.");
 
-  m.def("plan_split", [](std::string_view graph_json, const std::string& config_json, const std::string& op_policy_json,
+  m.def("plan_split", [](std::string_view graph_json, const std::string& config_json, const std::optional<std::string>& op_policy_json,
                          bool timeline, std::optional<std::vector<std::string>> stock_recomputed, bool detail) {
     py::gil_scoped_release release;
     auto loaded = load_padded(graph_json);
-    PlanOptions options = parse_plan_options(config_json, op_policy_json);
+    PlanOptions options = options_for(config_json, op_policy_json);
     options.record_timeline = timeline;
     options.stock_recomputed = std::move(stock_recomputed);
     auto result = plan(loaded.graph, options);
@@ -155,23 +183,23 @@ PYBIND11_MODULE(_core, m) {
     PlanJsonOptions json_options;
     json_options.detail = detail;
     return std::make_pair(plan_to_json(loaded.graph, result, json_options), split_to_json(loaded.graph, split));
-  }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = "", py::arg("timeline") = false,
+  }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = py::none(), py::arg("timeline") = false,
      py::arg("stock_recomputed") = py::none(), py::arg("detail") = false,
      "(plan JSON, split JSON): the plan exactly as plan() gives it, and the forward/backward split of the rewritten\n"
      "graph (split.h): the nodes each module runs and the values the forward saves, in order (docs/graph-format.md).");
 
-  m.def("pareto", [](const std::string& graph_json, const std::string& config_json, const std::string& op_policy_json) {
+  m.def("pareto", [](const std::string& graph_json, const std::string& config_json, const std::optional<std::string>& op_policy_json) {
     py::gil_scoped_release release;
     auto loaded = load_graph(graph_json);
-    return pareto_to_json(pareto(loaded.graph, parse_plan_options(config_json, op_policy_json)));
-  }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = "",
+    return pareto_to_json(pareto(loaded.graph, options_for(config_json, op_policy_json)));
+  }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = py::none(),
      "The saved-bytes / recompute-cost frontier across lambda, with simulated peaks (JSON list).");
 
-  m.def("flow_network", [](const std::string& graph_json, const std::string& config_json, const std::string& op_policy_json) {
+  m.def("flow_network", [](const std::string& graph_json, const std::string& config_json, const std::optional<std::string>& op_policy_json) {
     py::gil_scoped_release release;
     auto loaded = load_graph(graph_json);
-    return flow_network(loaded.graph, parse_plan_options(config_json, op_policy_json)).dimacs;
-  }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = "",
+    return flow_network(loaded.graph, options_for(config_json, op_policy_json)).dimacs;
+  }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = py::none(),
      "The exact s-t network the auto min-cut solves (tags as in auto, the effective lambda) as DIMACS max-flow text,\n"
      "with 'c vertex V NAME in|out' and 'c max_flow F' comment lines (docs/mincut.md).");
 
@@ -184,25 +212,16 @@ PYBIND11_MODULE(_core, m) {
      "The unit FQNs scope finds for a graph: the marker rule over its model facts, else the module-stack rule.");
 
   m.def("check_scope", [](const std::string& graph_json, const std::string& config_json) {
-    auto loaded = load_graph(graph_json);
-    const PlanOptions options = parse_plan_options(config_json, "");
+    const ScopeCheck check = check_scope(load_graph(graph_json).graph, parse_plan_options(config_json, ""));
     py::dict d;
-    d["checked"] = false;
-    if (options.config.mode == Mode::Off) return d;
-    const StageOptions stages = stage_options(options.config, options.op_policy);  // the adapter checks
-    if (!discover_units(loaded.graph).from_model) return d;  // units come from module stacks: known after tracing
-    const Scope scope = resolve_scope(loaded.graph, stages.scope);  // layer selection, region/exclude patterns
-    std::vector<std::string> units, regions;
-    for (const auto& unit : scope.units) units.push_back(unit.fqn);
-    for (const auto& region : scope.regions) regions.push_back(region);
-    d["checked"] = true;
-    d["units"] = units;
-    d["regions"] = regions;
+    d["checked"] = check.checked;
+    if (!check.checked) return d;
+    d["units"] = check.units;
+    d["regions"] = check.regions;
     return d;
   }, py::arg("graph_json"), py::arg("config_json"),
-     "The scope checks plan() runs, on a graph document that may hold only model facts (no nodes): the adapter\n"
-     "checks always; when the units come from the model (the gradient_checkpointing marker), the layer selection\n"
-     "and the region / exclude patterns too. Raises what plan() would; returns {checked, units, regions}.");
+     "The scope checks plan() runs (hyper_ac::check_scope), on a graph document that may hold only model facts\n"
+     "(no nodes). Raises what plan() would; returns {checked, units, regions}.");
 
   m.def("score_recompute_set", [](const std::string& graph_json, const std::vector<std::string>& names,
                                   const std::string& config_json) {
@@ -230,12 +249,12 @@ PYBIND11_MODULE(_core, m) {
   }, py::arg("graph_json"), py::arg("recomputed"), py::arg("config_json") = "{}",
      "Score a recompute set chosen elsewhere (saved bytes, roofline time, simulated peak) like a plan.");
 
-  m.def("print_plan", [](const std::string& graph_json, const std::string& config_json, const std::string& op_policy_json) {
+  m.def("print_plan", [](const std::string& graph_json, const std::string& config_json, const std::optional<std::string>& op_policy_json) {
     auto loaded = load_graph(graph_json);
-    auto result = plan(loaded.graph, parse_plan_options(config_json, op_policy_json));
+    auto result = plan(loaded.graph, options_for(config_json, op_policy_json));
     PrintOptions print;
     print.annotations = policy_annotations(loaded.graph, result);
     return print_graph(loaded.graph, print);
-  }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = "",
+  }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = py::none(),
      "The graph's text form annotated with each node's policy and duplicate placement.");
 }

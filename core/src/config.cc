@@ -241,11 +241,7 @@ BufferReuse parse_buffer_reuse(const json& value, const std::string& key) {
 
 Compiler parse_compiler(const json& value, const std::string& key) {
   if (!value.is_string()) fail(key, std::string("must be a string (eager or inductor), got ") + value.type_name());
-  const auto name = value.get<std::string>();
-  if (name == "eager") return Compiler::Eager;
-  if (name == "inductor") return Compiler::Inductor;
-  fail(key, "unknown compiler '" + name + "'; use eager (FX code, one kernel per node) or inductor (fused kernels)");
-  return Compiler::Eager;
+  return parse_compiler_name(value.get<std::string>(), key);
 }
 
 void parse_lambda(const json& value, const std::string& key, Config& config) {
@@ -291,41 +287,73 @@ void parse_adapter(const json& value, Config& config) {
   config.adapter_given = true;
 }
 
+// The canonical value of one option, or null when it is unset (an optional
+// value without a default: layer_count, layer_indices, memory_budget, lambda).
+json budget_value(const MemoryBudget& budget) {
+  if (const auto* fraction = std::get_if<BudgetFraction>(&budget)) return fraction->fraction;
+  if (const auto* bytes = std::get_if<BudgetBytes>(&budget)) return bytes->bytes;
+  return nullptr;
+}
+
 // Every option once: its flat key, its group in the nested form ("" = the
 // activation_checkpoint section itself, or "selection") with its name there,
-// and its parser. Both forms and their key checks are derived from this table.
+// its parser and its writer (the canonical value, every default resolved;
+// null = unset). Both forms, their key checks and the canonical form
+// (config_to_json) are derived from this table.
 struct OptionKey {
   const char* flat;
   const char* group;
   const char* nested;
   void (*parse)(const json& value, const std::string& key, Config& config);
+  json (*write)(const Config& config);
 };
 
 const std::vector<OptionKey>& option_keys() {
   static const std::vector<OptionKey> keys = {
-      {"ac_mode", "", "mode", [](const json& v, const std::string& k, Config& c) { c.mode = parse_mode(v, k); }},
-      {"ac_region_source", "selection", "source", [](const json& v, const std::string& k, Config& c) { parse_source(v, k, c); }},
+      {"ac_mode", "", "mode", [](const json& v, const std::string& k, Config& c) { c.mode = parse_mode(v, k); },
+       [](const Config& c) -> json { return to_string(c.mode); }},
+      {"ac_region_source", "selection", "source", [](const json& v, const std::string& k, Config& c) { parse_source(v, k, c); },
+       [](const Config& c) -> json { return c.region_source; }},
       {"ac_layer_count", "selection", "layer_count",
        [](const json& v, const std::string& k, Config& c) {
          if (!v.is_null()) c.scope.layer_count = get_layer_int(v, k);
-       }},
+       },
+       [](const Config& c) -> json { return c.scope.layer_count ? json(*c.scope.layer_count) : json(nullptr); }},
       {"ac_layer_indices", "selection", "layer_indices",
-       [](const json& v, const std::string& k, Config& c) { parse_layer_indices(v, k, c); }},
-      {"ac_scope", "", "scope", [](const json& v, const std::string& k, Config& c) { c.scope.rule = parse_scope_rule(v, k); }},
-      {"ac_regions", "", "regions", [](const json& v, const std::string& k, Config& c) { parse_regions(v, k, c); }},
+       [](const json& v, const std::string& k, Config& c) { parse_layer_indices(v, k, c); },
+       [](const Config& c) -> json { return c.scope.layer_indices ? json(*c.scope.layer_indices) : json(nullptr); }},
+      {"ac_scope", "", "scope", [](const json& v, const std::string& k, Config& c) { c.scope.rule = parse_scope_rule(v, k); },
+       [](const Config& c) -> json { return to_string(c.scope.rule); }},
+      {"ac_regions", "", "regions", [](const json& v, const std::string& k, Config& c) { parse_regions(v, k, c); },
+       [](const Config& c) -> json {
+         return {{"include", c.scope.include}, {"exclude", c.scope.exclude}, {"output_recompute", c.scope.output_recompute}};
+       }},
       {"ac_save_forward_all_gather", "", "save_forward_all_gather",
-       [](const json& v, const std::string& k, Config& c) { c.save_forward_all_gather = get_bool(v, k); }},
-      {"ac_rng", "", "rng", [](const json& v, const std::string& k, Config& c) { c.rng = parse_rng(v, k); }},
+       [](const json& v, const std::string& k, Config& c) { c.save_forward_all_gather = get_bool(v, k); },
+       [](const Config& c) -> json { return c.save_forward_all_gather; }},
+      {"ac_rng", "", "rng", [](const json& v, const std::string& k, Config& c) { c.rng = parse_rng(v, k); },
+       [](const Config& c) -> json { return to_string(c.rng); }},
       {"ac_memory_budget", "", "memory_budget",
-       [](const json& v, const std::string& k, Config& c) { c.mincut.memory_budget = parse_budget(v, k); }},
-      {"ac_lambda", "", "lambda", [](const json& v, const std::string& k, Config& c) { parse_lambda(v, k, c); }},
+       [](const json& v, const std::string& k, Config& c) { c.mincut.memory_budget = parse_budget(v, k); },
+       [](const Config& c) -> json { return budget_value(c.mincut.memory_budget); }},
+      // Unset = derived from the hardware (effective_lambda, in ConfigFacts): left out, so a
+      // config that changes its hardware keeps deriving it.
+      {"ac_lambda", "", "lambda", [](const json& v, const std::string& k, Config& c) { parse_lambda(v, k, c); },
+       [](const Config& c) -> json { return c.mincut.lambda ? json(*c.mincut.lambda) : json(nullptr); }},
       {"ac_hardware", "", "hardware",
-       [](const json& v, const std::string& k, Config& c) { c.mincut.hardware = parse_hardware(v, k); }},
+       [](const json& v, const std::string& k, Config& c) { c.mincut.hardware = parse_hardware(v, k); },
+       [](const Config& c) -> json {
+         const auto& h = c.mincut.hardware;
+         return {{"name", h.name}, {"peak_flops", h.peak_flops}, {"memory_bandwidth", h.memory_bandwidth}};
+       }},
       {"ac_compiler", "", "compiler",
-       [](const json& v, const std::string& k, Config& c) { c.mincut.compiler = parse_compiler(v, k); }},
-      {"ac_split", "", "split", [](const json& v, const std::string& k, Config& c) { c.split = parse_split(v, k); }},
+       [](const json& v, const std::string& k, Config& c) { c.mincut.compiler = parse_compiler(v, k); },
+       [](const Config& c) -> json { return to_string(c.mincut.compiler); }},
+      {"ac_split", "", "split", [](const json& v, const std::string& k, Config& c) { c.split = parse_split(v, k); },
+       [](const Config& c) -> json { return to_string(c.split); }},
       {"ac_buffer_reuse", "", "buffer_reuse",
-       [](const json& v, const std::string& k, Config& c) { c.buffer_reuse = parse_buffer_reuse(v, k); }},
+       [](const json& v, const std::string& k, Config& c) { c.buffer_reuse = parse_buffer_reuse(v, k); },
+       [](const Config& c) -> json { return to_string(c.buffer_reuse); }},
   };
   return keys;
 }
@@ -399,6 +427,61 @@ json parse_json(const std::string& text, const std::string& what) {
 }
 
 }  // namespace
+
+Compiler parse_compiler_name(const std::string& name, const std::string& key) {
+  if (name == "eager") return Compiler::Eager;
+  if (name == "inductor") return Compiler::Inductor;
+  fail(key, "compiler must be eager (FX code, one kernel per node) or inductor (fused kernels), got '" + name + "'");
+}
+
+Config with_runner(Config config, Compiler runner) {
+  if (config.mincut.compiler == Compiler::Eager) config.mincut.compiler = runner;
+  return config;
+}
+
+bool inductor_buffer_reuse(const Config& config) {
+  if (config.buffer_reuse == BufferReuse::Auto) return config.mode == Mode::Off;
+  return config.buffer_reuse == BufferReuse::Inductor;
+}
+
+ConfigFacts config_facts(const Config& given, const ConfigFactsOptions& options) {
+  const Config config = options.runner ? with_runner(given, *options.runner) : given;
+  ConfigFacts facts;
+  facts.mode = config.mode;
+  facts.plans = config.mode != Mode::Off;
+  facts.compare_with_stock = config.mode == Mode::Auto;
+  facts.compiler = config.mincut.compiler;
+  facts.split = config.split;
+  facts.buffer_reuse = config.buffer_reuse;
+  facts.inductor_buffer_reuse = inductor_buffer_reuse(config);
+  facts.lambda = effective_lambda(config.mincut);
+  facts.lambda_configured = config.mincut.lambda.has_value();
+  facts.hardware = config.mincut.hardware;
+  facts.rng = config.rng;
+  if (options.runner == Compiler::Eager && config.buffer_reuse != BufferReuse::Auto)
+    facts.warnings.push_back(std::string("buffer_reuse: ") + to_string(config.buffer_reuse) +
+                             " applies to compiler='inductor' only; the eager compiler runs FX code, which reuses no "
+                             "buffers");
+  return facts;
+}
+
+std::string config_facts_to_json(const ConfigFacts& facts) {
+  json out = {{"mode", to_string(facts.mode)},
+              {"plans", facts.plans},
+              {"compare_with_stock", facts.compare_with_stock},
+              {"compiler", to_string(facts.compiler)},
+              {"split", to_string(facts.split)},
+              {"buffer_reuse", to_string(facts.buffer_reuse)},
+              {"inductor_buffer_reuse", facts.inductor_buffer_reuse},
+              {"lambda", facts.lambda},
+              {"lambda_configured", facts.lambda_configured},
+              {"hardware", {{"name", facts.hardware.name},
+                            {"peak_flops", facts.hardware.peak_flops},
+                            {"memory_bandwidth", facts.hardware.memory_bandwidth}}},
+              {"rng", to_string(facts.rng)},
+              {"warnings", facts.warnings}};
+  return out.dump();
+}
 
 double parse_byte_size(const std::string& text, const std::string& key) {
   std::size_t consumed = 0;
@@ -506,32 +589,14 @@ OpPolicyTable effective_op_policy(const Config& config, const OpPolicyTable& bas
 }
 
 std::string config_to_json(const Config& config) {
-  json section;
-  section["mode"] = to_string(config.mode);
-  json selection;
-  selection["source"] = config.region_source;
-  if (config.scope.layer_count) selection["layer_count"] = *config.scope.layer_count;
-  if (config.scope.layer_indices) selection["layer_indices"] = *config.scope.layer_indices;
+  json section = json::object();
+  json selection = json::object();
+  for (const auto& option : option_keys()) {
+    json value = option.write(config);
+    if (value.is_null()) continue;
+    (std::string(option.group) == "selection" ? selection : section)[option.nested] = std::move(value);
+  }
   section["selection"] = selection;
-  section["scope"] = to_string(config.scope.rule);
-  section["regions"] = {{"include", config.scope.include},
-                        {"exclude", config.scope.exclude},
-                        {"output_recompute", config.scope.output_recompute}};
-  section["save_forward_all_gather"] = config.save_forward_all_gather;
-  section["rng"] = to_string(config.rng);
-  if (const auto* fraction = std::get_if<BudgetFraction>(&config.mincut.memory_budget))
-    section["memory_budget"] = fraction->fraction;
-  else if (const auto* bytes = std::get_if<BudgetBytes>(&config.mincut.memory_budget))
-    section["memory_budget"] = bytes->bytes;
-  if (config.mincut.lambda) section["lambda"] = *config.mincut.lambda;
-  section["hardware"] = {{"name", config.mincut.hardware.name},
-                         {"peak_flops", config.mincut.hardware.peak_flops},
-                         {"memory_bandwidth", config.mincut.hardware.memory_bandwidth}};
-  // Written only when not the default, so eager configs keep their canonical form.
-  if (config.mincut.compiler != Compiler::Eager) section["compiler"] = to_string(config.mincut.compiler);
-  // Likewise: configs with the default split keep their canonical form.
-  if (config.split != SplitMethod::Native) section["split"] = to_string(config.split);
-  if (config.buffer_reuse != BufferReuse::Auto) section["buffer_reuse"] = to_string(config.buffer_reuse);
   json document;
   document["activation_checkpoint"] = section;
   if (!config.op_policy_override.empty()) document["op_policy"] = json::parse(config.op_policy_override);

@@ -386,7 +386,33 @@ void compare_with_stock(const Graph& graph, const detail::NodeIndex& index, cons
            format_bytes(scored.simulated_peak_bytes) + "): the graph is left to the stock partition"});
 }
 
+// The route rule, in one place: a plan that duplicates nothing on a graph the
+// model did not tag itself changes nothing, so the graph goes to the stock
+// partition (which may recompute what it fuses); so does mode off, and auto's
+// fallback when its plan is not below stock's.
+RouteDecision decide_route(const PlanResult& result) {
+  if (result.mode == Mode::Off) return {Route::Stock, "off"};
+  if (!result.remat.duplicates.empty()) return {Route::Rewrite, "recomputes"};
+  if (result.stats.user_tagged > 0) return {Route::Rewrite, "user_tagged"};
+  if (result.stats.stock_fallback) return {Route::Stock, "stock_not_worse"};
+  return {Route::Stock, "nothing_recomputed"};
+}
+
 }  // namespace
+
+const char* to_string(Route route) { return route == Route::Rewrite ? "rewrite" : "stock"; }
+
+ScopeCheck check_scope(const Graph& graph, const PlanOptions& options) {
+  ScopeCheck check;
+  if (options.config.mode == Mode::Off) return check;
+  const StageOptions stages = stage_options(options.config, options.op_policy);  // the adapter checks
+  if (!discover_units(graph).from_model) return check;  // units from module stacks: known after tracing
+  const Scope scope = resolve_scope(graph, stages.scope);  // layer selection, region / exclude patterns
+  check.checked = true;
+  for (const auto& unit : scope.units) check.units.push_back(unit.fqn);
+  check.regions = scope.regions;
+  return check;
+}
 
 PlanOptions parse_plan_options(const std::string& config_json, const std::string& op_policy_json) {
   PlanOptions options;
@@ -426,6 +452,7 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
     result.tags.reasons.assign(graph.nodes.size(), "");
     result.remat = plan_remat(graph, result.policies);
     result.diagnostics.push_back({Severity::Info, -1, "ac_mode is off: graph left unchanged"});
+    result.route = decide_route(result);
     if (options.record_timeline) record_timeline(graph, result);
     return result;
   }
@@ -518,6 +545,7 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
              " before, " + format_bytes(result.stats.simulated_peak_after) +
              " after): the step's peak is not set by the activations it recomputes, so the recompute is pure "
              "cost here; mode auto keeps the lower of its plan and the stock partition"});
+  result.route = decide_route(result);
   if (options.record_timeline) record_timeline(graph, result);
   result.timings.total_seconds = seconds_since(started);
   return result;

@@ -195,6 +195,9 @@ void common_fields(const Graph& graph, const PlanResult& result, const PlanJsonO
   fields.push_back(string_field("format", "hyper_ac.plan"));
   fields.push_back(signed_field("version", kPlanFormatVersion));
   fields.push_back(string_field("mode", to_string(result.mode)));
+  // Rewrite the graph or hand it to stock, and why (RouteDecision, plan.h).
+  fields.push_back(string_field("route", to_string(result.route.route)));
+  fields.push_back(string_field("route_reason", result.route.reason));
   fields.push_back({"erase", [&, name](Out& o) { array(o, result.remat.erase, [&](Out& w, std::int32_t e) { w.string(name(e)); }); }});
   // saved: the forward values, then each replayed random op's state ("<R>_rng_state").
   fields.push_back({"saved", [&, name](Out& o) {

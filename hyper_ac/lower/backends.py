@@ -16,14 +16,15 @@ with the same compiler (docs/torch-compat.md):
   backward modules are built from the core's split (config ``split: native``,
   the default) or by PyTorch's ``_extract_fwd_bwd_modules`` (``split: torch``).
 
-Mode ``off``, a graph the mode cannot plan (no units, for ``full`` /
-``selective``) and a plan that recomputes nothing on a graph without the
-model's own tags are partitioned exactly as stock does it (the same call with
-the same arguments). In ``auto`` on a graph without the model's own tags, the
-values stock's partition would recompute (:func:`stock_recomputed`, one extra
-stock partition of a copy) go to the core, which returns a plan that
-recomputes nothing, hence the stock partition, unless its own simulated peak
-is lower (docs/mincut.md, "Never worse than stock").
+The route is the core's: mode ``off`` (config fact ``plans``) and every plan
+whose ``route`` is ``stock`` (a plan that recomputes nothing on a graph
+without the model's own tags, or ``auto``'s fallback; plan ``route_reason``)
+are partitioned exactly as stock does it (the same call with the same
+arguments), and so is a graph the mode cannot plan (no units, for ``full`` /
+``selective``). In ``auto`` (config fact ``compare_with_stock``) the values
+stock's partition would recompute (:func:`stock_recomputed`, one extra stock
+partition of a copy) go to the core, which routes the graph to stock unless
+its own simulated peak is lower (docs/mincut.md, "Never worse than stock").
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import torch
 from torch import fx
 
 from hyper_ac import _core, fx_meta
-from hyper_ac.planning.config import load_config
+from hyper_ac.planning.config import ConfigError, load_config
 from hyper_ac.planning.passes import prepare_activation_checkpoint
 
 _LOG = logging.getLogger("hyper_ac")
@@ -158,16 +159,16 @@ class _PartitionStep:
         from hyper_ac.planning.passes import plan
 
         kwargs["num_fwd_outputs"] = num_fwd_outputs
-        if self.cfg.mode == "off":
+        facts = self.cfg.facts  # the core's: whether to plan, whether to measure stock
+        if not facts["plans"]:  # mode off: the core's route is stock, no plan needed to know it
             return stock_partition(joint, joint_inputs, **kwargs)
-        user_tagged = any(fx_meta.user_tagged(node) for node in joint.graph.nodes)
         annotate_joint(joint, num_fwd_outputs, model=self.model, example_inputs=self.current.get("example_inputs"))
-        native_split = self.route == "own" and not self.tag_only and self.cfg.split == "native"
-        # auto is never worse than stock: the core compares its plan with stock's on its simulator.
-        baseline = stock_recomputed(joint, joint_inputs, **kwargs) if self.cfg.mode == "auto" and not user_tagged \
-            else None
+        own_split = self.route == "own" and not self.tag_only
+        # auto is never worse than stock: the core compares its plan with stock's on its simulator
+        # (and skips the comparison on a graph the model tagged itself).
+        baseline = stock_recomputed(joint, joint_inputs, **kwargs) if facts["compare_with_stock"] else None
         try:
-            result = plan(joint, self.cfg, self.model, split=native_split, stock_recomputed=baseline,
+            result = plan(joint, self.cfg, self.model, split=own_split, stock_recomputed=baseline,
                           detail=self.detail)
         except _core.NoUnitsError as error:
             # With graph breaks, a piece of the step (say, only the loss) may hold
@@ -185,9 +186,9 @@ class _PartitionStep:
 
         apply_elided_copies(joint, result.plan)
         plan_json = {key: value for key, value in result.plan.items() if key != "elided_copies"}
-        if not plan_json.get("duplicates") and not user_tagged:
-            # The plan changes nothing: the stock partition (which may recompute what it
-            # fuses), but never of a value the core pins for correctness.
+        if plan_json["route"] == "stock":
+            # The core's route (plan "route_reason"): the stock partition (which may recompute
+            # what it fuses), but never of a value the core pins for correctness.
             write_correctness_pins(joint, plan_json)
             return stock_partition(joint, joint_inputs, **kwargs)
         if self.tag_only:
@@ -200,8 +201,8 @@ class _PartitionStep:
 
         # The partition builds fresh modules from the graph: no need to regenerate the joint's code.
         apply_plan(joint, plan_json, recompile=False)
-        # split: native builds the modules from the core's split; torch (result.split None) with PyTorch's.
-        return partition_joint(joint, joint_inputs, split=result.split, **kwargs)
+        # The core's split: native builds the modules from it, torch hands its saved set to PyTorch's extraction.
+        return partition_joint(joint, joint_inputs, split=result.split, method=self.cfg.split, **kwargs)
 
 
 def _inductor_partitioner(step: _PartitionStep, key: str):
@@ -245,11 +246,16 @@ def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: s
     """
     if not isinstance(tag_only, bool):
         raise TypeError(f"hyper_ac.backend: tag_only must be a bool, got {type(tag_only).__name__}")
-    if compiler not in ("eager", "inductor"):
-        raise ValueError(f"hyper_ac.backend: compiler must be 'eager' or 'inductor', got {compiler!r}")
-    # The recompute cost assumes the compiler that will run the graph (fusion under Inductor).
-    cfg = load_config(config).with_compiler(compiler)
+    # The recompute cost assumes the compiler that will run the graph (fusion under Inductor);
+    # the core checks the name.
+    cfg = load_config(config)
+    try:
+        cfg = cfg.with_compiler(compiler)
+    except ConfigError as error:
+        raise ConfigError(f"hyper_ac.backend: {error}") from None
     prepare_activation_checkpoint(model, cfg)  # adapter hook + every model-dependent config check, now
+    for note in cfg.facts_for(compiler)["warnings"]:  # settings without effect under this compiler
+        warnings.warn(f"hyper_ac.backend: {note}", stacklevel=2)
 
     # dynamo's real graph inputs (parameters included) for the graph being
     # compiled: they let annotate_joint tell parameters, buffers and inputs apart.
@@ -281,9 +287,6 @@ def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: s
         compile_inductor.partition_fn = step  # type: ignore[attr-defined]
         return compile_inductor
 
-    if cfg.buffer_reuse != "auto":
-        warnings.warn(f"hyper_ac.backend: buffer_reuse: {cfg.buffer_reuse} applies to compiler='inductor' only; "
-                      "the eager compiler runs FX code, which reuses no buffers", stacklevel=2)
     from torch._dynamo.backends.common import aot_autograd
 
     # aot_eager's arguments, with hyper_ac's partition step and boxed FX code.

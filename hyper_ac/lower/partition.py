@@ -11,8 +11,12 @@ Two ways to split (config key ``split``, docs/config.md):
   values the forward saves, in order; :func:`build_modules` copies the forward
   nodes of the rewritten graph into a new forward module and turns the graph
   itself into the backward module (the joint graph is consumed).
-- ``torch``: PyTorch's ``_extract_fwd_bwd_modules`` with the values the
-  rewritten backward reads (:func:`saved_values`), for comparison.
+- ``torch``: PyTorch's ``_extract_fwd_bwd_modules`` with the same core split's
+  saved values (the plan's saved set, in order), for comparison.
+
+:func:`saved_values` reads the saved set off the rewritten graph instead; it is
+what :func:`partition_joint` uses when given no split (a joint rewritten
+outside :func:`hyper_ac.plan`), and what the tests check the plan's against.
 """
 
 from __future__ import annotations
@@ -82,18 +86,31 @@ def partition_joint(
     num_fwd_outputs: int,
     static_lifetime_input_indices: Optional[Sequence[int]] = None,
     split: Optional[Mapping[str, Any]] = None,
+    method: str = "native",
     **_: Any,
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
     """The partition_fn contract of aot_autograd, for an already rewritten joint graph.
 
-    ``split``: the core's split of this graph (``hyper_ac.plan(..., split=True).split``):
-    the modules are built from it (:func:`build_modules`), which consumes ``joint_module``
-    (its graph becomes the backward's). ``None``: PyTorch's ``_extract_fwd_bwd_modules``
-    saves what the rewritten backward reads (config ``split: torch``); ``joint_module`` is left as it is.
+    ``split``: the core's split of this graph (``hyper_ac.plan(..., split=True).split``).
+    ``method`` (config ``split``): ``native`` builds the modules from it (:func:`build_modules`),
+    which consumes ``joint_module`` (its graph becomes the backward's); ``torch`` hands its saved
+    values (``split["saved"]``, ``split["saved_symints"]``) to PyTorch's ``_extract_fwd_bwd_modules``
+    and leaves ``joint_module`` as it is. ``split=None``: PyTorch's extraction with the values the
+    rewritten backward reads (:func:`saved_values`).
     """
-    if split is not None:
+    if method not in ("native", "torch"):
+        raise ValueError(f"partition_joint: method must be 'native' or 'torch', got {method!r}")
+    if split is not None and method == "native":
         return build_modules(joint_module, split, num_fwd_outputs=num_fwd_outputs)
-    tensors, symbolic = saved_values(joint_module)
+    if split is not None:
+        by_name = {node.name: node for node in joint_module.graph.nodes}
+        try:
+            tensors = [by_name[name] for name in split["saved"]]
+            symbolic = [by_name[name] for name in split["saved_symints"]]
+        except KeyError as error:
+            raise ValueError(f"the core's split saves {error.args[0]!r}, which the rewritten graph lacks") from None
+    else:
+        tensors, symbolic = saved_values(joint_module)
     static_nodes = None
     if static_lifetime_input_indices:
         placeholders = [n for n in joint_module.graph.nodes if n.op == "placeholder"]

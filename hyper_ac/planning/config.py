@@ -13,6 +13,7 @@ The presets and the operator policy table ship inside the package
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -125,41 +126,46 @@ class Config:
     def mode(self) -> str:
         return self.data["activation_checkpoint"]["mode"]
 
+    @functools.cached_property
+    def facts(self) -> Mapping[str, Any]:
+        """What the core resolves this config to (``_core.config_facts``): ``plans``,
+        ``compare_with_stock``, ``compiler``, ``split``, ``buffer_reuse``,
+        ``inductor_buffer_reuse``, the effective ``lambda``, ``hardware``, ``rng``
+        (docs/config.md). Python only reads them."""
+        return self.facts_for(None)
+
+    def facts_for(self, runner: Optional[str]) -> Mapping[str, Any]:
+        """:attr:`facts` for the compiler that will run the graph (``eager`` | ``inductor``,
+        checked by the core), with the ``warnings`` of settings that have no effect with it."""
+        return json.loads(_core.config_facts(self.to_json(), runner))
+
     @property
     def compiler(self) -> str:
         """The fusion assumption of the recompute cost: ``eager`` (default) or ``inductor``."""
-        return self.data["activation_checkpoint"].get("compiler", "eager")
+        return self.data["activation_checkpoint"]["compiler"]
 
     def with_compiler(self, compiler: str) -> "Config":
-        """This config planned for ``compiler`` (``eager`` | ``inductor``); a config
-        that already names a non-default compiler keeps it."""
-        if compiler not in ("eager", "inductor"):
-            raise ConfigError(f"compiler must be 'eager' or 'inductor', got {compiler!r}")
-        if compiler == "eager" or "compiler" in self.data["activation_checkpoint"]:
-            return self
-        data = dict(self.data)
-        data["activation_checkpoint"] = {**data["activation_checkpoint"], "compiler": compiler}
-        return Config(json.loads(_core.validate_config(json.dumps(data))), self.source)
+        """This config planned for ``compiler`` (``eager`` | ``inductor``, checked by the core);
+        a config that already names inductor keeps it (``hyper_ac::with_runner``)."""
+        return Config(json.loads(_core.with_runner(self.to_json(), compiler)), self.source)
 
     @property
     def split(self) -> str:
         """``native`` (default): the backend builds the forward and backward modules from the
         core's split; ``torch``: with PyTorch's ``_extract_fwd_bwd_modules`` (docs/config.md)."""
-        return self.data["activation_checkpoint"].get("split", "native")
+        return self.data["activation_checkpoint"]["split"]
 
     @property
     def buffer_reuse(self) -> str:
         """``auto`` (default), ``inductor`` or ``none``: Inductor's buffer reuse in the graphs
         ``hyper_ac.backend(compiler="inductor")`` compiles (docs/config.md)."""
-        return self.data["activation_checkpoint"].get("buffer_reuse", "auto")
+        return self.data["activation_checkpoint"]["buffer_reuse"]
 
     @property
     def inductor_buffer_reuse(self) -> bool:
-        """Whether Inductor may reuse buffers here: ``auto`` keeps stock's reuse in mode
-        ``off`` only, because elsewhere a reused buffer can outlive the plan's lifetimes."""
-        if self.buffer_reuse == "auto":
-            return self.mode == "off"
-        return self.buffer_reuse == "inductor"
+        """Whether Inductor may reuse buffers here (the core's ``buffer_reuse`` rule: ``auto``
+        keeps stock's reuse in mode ``off`` only)."""
+        return self.facts["inductor_buffer_reuse"]
 
     @property
     def rng(self) -> str:
@@ -273,8 +279,12 @@ _OP_POLICY_CACHE: dict[str, str] = {}
 
 
 def op_policy_json(path: Union[str, os.PathLike, None] = None) -> str:
-    """The operator policy table as the JSON the core reads."""
-    path = Path(path) if path is not None else DEFAULT_OP_POLICY
+    """The operator policy table as the JSON the core reads. ``None``: the shipped table
+    (:data:`DEFAULT_OP_POLICY`) as the core compiled it in (``_core.DEFAULT_OP_POLICY``, the
+    CLI's default and the binding's when no table is passed)."""
+    if path is None:
+        return _core.DEFAULT_OP_POLICY
+    path = Path(path)
     key = str(path)
     if key not in _OP_POLICY_CACHE:
         data = _read_yaml(path)

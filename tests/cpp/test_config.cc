@@ -37,10 +37,10 @@ TEST_CASE("config round-trips through canonical JSON", "[config]") {
   CHECK(config_to_json(again) == config_to_json(c));
 }
 
-TEST_CASE("buffer_reuse: auto by default, kept out of the canonical form unless set", "[config]") {
+TEST_CASE("buffer_reuse: auto by default, written out in the canonical form", "[config]") {
   Config plain = parse_config(R"({"ac_mode": "auto"})");
   CHECK(plain.buffer_reuse == BufferReuse::Auto);
-  CHECK(config_to_json(plain).find("buffer_reuse") == std::string::npos);
+  CHECK(config_to_json(plain).find(R"("buffer_reuse":"auto")") != std::string::npos);
   Config nested = parse_config(R"({"activation_checkpoint": {"mode": "full", "buffer_reuse": "inductor"}})");
   CHECK(nested.buffer_reuse == BufferReuse::Inductor);
   Config flat = parse_config(R"({"ac_mode": "full", "ac_buffer_reuse": "none"})");
@@ -144,4 +144,44 @@ TEST_CASE("config floats: finite, in range, and the message says what was read",
   CHECK_THROWS_WITH(parse_config(R"({"ac_mode": "budget", "ac_memory_budget": "1e300TiB"})"),
                     Catch::Contains("past the double range"));
   CHECK_THROWS_AS(parse_config(R"({"ac_mode": "budget", "ac_memory_budget": "1e400"})"), ConfigError);
+}
+
+// The canonical form carries every resolved value (issue 23): the defaults a
+// caller would otherwise restate are written out, from the option table.
+TEST_CASE("the canonical form writes every option with its default resolved", "[config][canonical]") {
+  const std::string text = config_to_json(parse_config(R"({"ac_mode": "auto"})"));
+  for (const char* field : {R"("mode":"auto")", R"("compiler":"eager")", R"("split":"native")", R"("buffer_reuse":"auto")",
+                            R"("rng":"replay")", R"("scope":"auto")", R"("source":"blocks")",
+                            R"("save_forward_all_gather":false)", R"("hardware":{)", R"("regions":{)"})
+    CHECK(text.find(field) != std::string::npos);
+  // Unset optional values stay out: lambda is derived (config_facts), the rest have no default.
+  for (const char* field : {"lambda", "layer_count", "layer_indices", "memory_budget"})
+    CHECK(text.find(std::string("\"") + field + "\"") == std::string::npos);
+}
+
+TEST_CASE("config_facts derives what callers act on", "[config][facts]") {
+  const ConfigFacts off = config_facts(parse_config(R"({"ac_mode": "off"})"));
+  CHECK_FALSE(off.plans);
+  CHECK(off.inductor_buffer_reuse);  // auto: stock's reuse in mode off
+  const ConfigFacts automatic = config_facts(parse_config(R"({"ac_mode": "auto", "ac_hardware": "h100"})"));
+  CHECK(automatic.plans);
+  CHECK(automatic.compare_with_stock);
+  CHECK_FALSE(automatic.inductor_buffer_reuse);
+  CHECK_FALSE(automatic.lambda_configured);
+  CHECK(automatic.lambda == 3.35e12 / 4.0);
+  CHECK_FALSE(config_facts(parse_config(R"({"ac_mode": "full"})")).compare_with_stock);
+  CHECK(config_facts(parse_config(R"({"ac_mode": "full", "ac_buffer_reuse": "inductor"})")).inductor_buffer_reuse);
+  // The runner: an eager config planned for Inductor takes it; buffer_reuse under eager is a warning.
+  ConfigFactsOptions inductor;
+  inductor.runner = Compiler::Inductor;
+  CHECK(config_facts(parse_config(R"({"ac_mode": "auto"})"), inductor).compiler == Compiler::Inductor);
+  ConfigFactsOptions eager;
+  eager.runner = Compiler::Eager;
+  CHECK(config_facts(parse_config(R"({"ac_mode": "auto", "ac_compiler": "inductor"})"), eager).compiler ==
+        Compiler::Inductor);
+  const ConfigFacts warned = config_facts(parse_config(R"({"ac_mode": "auto", "ac_buffer_reuse": "none"})"), eager);
+  REQUIRE(warned.warnings.size() == 1);
+  CHECK(warned.warnings[0].find("buffer_reuse: none applies to compiler='inductor' only") != std::string::npos);
+  CHECK(config_facts(parse_config(R"({"ac_mode": "auto", "ac_buffer_reuse": "none"})"), inductor).warnings.empty());
+  CHECK_THROWS_WITH(parse_compiler_name("tvm"), Catch::Contains("compiler must be") && Catch::Contains("'tvm'"));
 }

@@ -465,6 +465,12 @@ TEST_CASE("auto compares its plan with the stock partition's recompute set", "[p
   CHECK(tie.stats.stock_fallback);
   CHECK(tie.remat.duplicates.empty());
   CHECK(tie.stats.simulated_peak_after == tie.stats.simulated_peak_before);
+  // The route is the core's: the fallback hands the graph to stock, and says why.
+  CHECK(own.route.route == Route::Rewrite);
+  CHECK(own.route.reason == "recomputes");
+  CHECK(tie.route.route == Route::Stock);
+  CHECK(tie.route.reason == "stock_not_worse");
+  CHECK(plan_to_json(graph, tie).find(R"("route":"stock","route_reason":"stock_not_worse")") != std::string::npos);
   CHECK(std::any_of(tie.diagnostics.begin(), tie.diagnostics.end(), [](const auto& d) {
     return d.message.find("not below the stock partition's") != std::string::npos;
   }));
@@ -475,4 +481,29 @@ TEST_CASE("auto compares its plan with the stock partition's recompute set", "[p
   // Other modes make no comparison.
   options.config = parse_config(R"({"ac_mode": "selective"})");
   CHECK(plan(graph, options).stats.stock_simulated_peak == -1);
+}
+
+// The route rule (RouteDecision): off and a plan that changes nothing go to
+// stock; duplicates, or the model's own tags, are carried out.
+TEST_CASE("the plan carries its route and the reason", "[plan][route]") {
+  const auto builder = activation_heavy(2);
+  const Graph graph = builder.graph();
+  PlanOptions options;
+  options.op_policy = parse_op_policy(kTable);
+  options.config = parse_config(R"({"ac_mode": "off"})");
+  const PlanResult off = plan(graph, options);
+  CHECK(off.route.route == Route::Stock);
+  CHECK(off.route.reason == "off");
+  options.config = parse_config(R"({"ac_mode": "full"})");
+  const PlanResult full = plan(graph, options);
+  REQUIRE_FALSE(full.remat.duplicates.empty());
+  CHECK(full.route.route == Route::Rewrite);
+  CHECK(full.route.reason == "recomputes");
+  // A lambda so high that auto saves everything: nothing recomputed, nothing tagged by the model.
+  options.config = parse_config(R"({"ac_mode": "auto", "ac_lambda": 1e30})");
+  const PlanResult saves = plan(graph, options);
+  REQUIRE(saves.remat.duplicates.empty());
+  CHECK(saves.stats.user_tagged == 0);
+  CHECK(saves.route.route == Route::Stock);
+  CHECK(saves.route.reason == "nothing_recomputed");
 }

@@ -28,6 +28,8 @@ std::string reference_plan_json(const Graph& graph, const PlanResult& result, bo
   document["format"] = "hyper_ac.plan";
   document["version"] = kPlanFormatVersion;
   document["mode"] = to_string(result.mode);
+  document["route"] = to_string(result.route.route);
+  document["route_reason"] = result.route.reason;
   json policies = json::object(), graph_ids = json::object(), reasons = json::object();
   for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
     if (result.policies[i] == Policy::None) continue;

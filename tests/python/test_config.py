@@ -207,3 +207,48 @@ def test_numbers_outside_their_range_name_the_range():
         load_config({"ac_mode": "auto", "ac_hardware": {"peak_flops": 1e-300, "memory_bandwidth": 1e12}})
     # A budget past any peak is accepted (it means no limit).
     assert load_config({"ac_mode": "budget", "ac_memory_budget": 1e19}).data["activation_checkpoint"]["memory_budget"] == 1e19
+
+
+def test_canonical_form_carries_every_resolved_value():
+    """The core writes every option's value, defaults included (its option table): Python restates none."""
+    section = load_config({"ac_mode": "auto"}).data["activation_checkpoint"]
+    assert {k: section[k] for k in ("compiler", "split", "buffer_reuse", "rng", "scope")} == {
+        "compiler": "eager", "split": "native", "buffer_reuse": "auto", "rng": "replay", "scope": "auto"}
+    assert section["selection"]["source"] == "blocks"
+    assert "lambda" not in section  # derived from the hardware: a fact, not a setting
+
+
+def test_facts_come_from_the_core():
+    from hyper_ac import _core
+
+    facts = load_config({"ac_mode": "auto", "ac_hardware": "h100"}).facts
+    assert facts["plans"] and facts["compare_with_stock"] and not facts["lambda_configured"]
+    assert facts["lambda"] == 3.35e12 / 4  # memory_bandwidth / 4 (docs/config.md)
+    assert json.loads(_core.config_facts(load_config({"ac_mode": "auto", "ac_lambda": 5.0}).to_json()))["lambda"] == 5.0
+    assert not load_config("full").facts["compare_with_stock"]
+    assert not load_config({"ac_mode": "off"}).facts["plans"]
+    # The compiler a backend runs: an eager config takes it; an unknown name is the core's ConfigError.
+    assert load_config({"ac_mode": "auto"}).with_compiler("inductor").compiler == "inductor"
+    assert load_config({"ac_mode": "auto", "ac_compiler": "inductor"}).with_compiler("eager").compiler == "inductor"
+    with pytest.raises(ConfigError, match="compiler must be.*'tvm'"):
+        load_config({"ac_mode": "auto"}).with_compiler("tvm")
+    with pytest.raises(ConfigError, match="compiler must be.*'tvm'"):
+        load_config({"ac_mode": "auto"}).facts_for("tvm")
+    assert load_config({"ac_mode": "auto", "ac_buffer_reuse": "none"}).facts_for("eager")["warnings"]
+    assert not load_config({"ac_mode": "auto", "ac_buffer_reuse": "none"}).facts_for("inductor")["warnings"]
+
+
+def test_default_op_table_is_the_shipped_one_everywhere():
+    """The binding's default table (no op_policy_json) is the CLI's: op_policy.yaml compiled in, equal to the file."""
+    from hyper_ac import _core
+    from hyper_ac.planning.config import DEFAULT_OP_POLICY, op_policy_json
+
+    assert json.loads(_core.DEFAULT_OP_POLICY) == json.loads(op_policy_json(DEFAULT_OP_POLICY))
+    assert op_policy_json() == _core.DEFAULT_OP_POLICY
+    from conftest import get_captured
+
+    captured = get_captured("transformer")
+    graph, cfg = captured.json(), load_config("selective").json_for(captured.model)
+    shipped = _core.plan(graph, cfg)
+    assert shipped == _core.plan(graph, cfg, op_policy_json(DEFAULT_OP_POLICY))
+    assert shipped != _core.plan(graph, cfg, "")  # "" is no table: selective then decides otherwise

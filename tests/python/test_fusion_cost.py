@@ -31,7 +31,8 @@ def test_fusible_fact(target, fusible):
 
 def test_compiler_key_validated_and_canonical():
     assert load_config({"ac_mode": "auto"}).compiler == "eager"
-    assert "compiler" not in load_config({"ac_mode": "auto"}).data["activation_checkpoint"]  # eager plans unchanged
+    # The canonical form writes the default out (the core's option table; issue 23).
+    assert load_config({"ac_mode": "auto"}).data["activation_checkpoint"]["compiler"] == "eager"
     cfg = load_config({"ac_mode": "auto", "ac_compiler": "inductor"})
     assert cfg.compiler == "inductor"
     assert load_config({"ac_mode": "auto"}).with_compiler("inductor").compiler == "inductor"

@@ -186,20 +186,35 @@ def test_native_split_unit_less_graph(compared):
 
 
 def test_split_torch_option_uses_torchs_split(monkeypatch):
-    """``split: torch`` partitions with PyTorch's _extract_fwd_bwd_modules (no core split), bitwise too."""
+    """``split: torch`` partitions with PyTorch's _extract_fwd_bwd_modules, handing it the saved set of the
+    core's split (the plan's, not one rebuilt in Python), bitwise too."""
     calls: list = []
+    extracted: list = []
     real = partition.partition_joint
+    real_extract = partition._partitioners._extract_fwd_bwd_modules
 
-    def spy(joint, joint_inputs=None, *, num_fwd_outputs, split=None, **kwargs):
-        calls.append(split)
-        return real(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, split=split, **kwargs)
+    def spy(joint, joint_inputs=None, *, num_fwd_outputs, split=None, method="native", **kwargs):
+        calls.append((split, method))
+        return real(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, split=split, method=method, **kwargs)
+
+    def extract_spy(joint, saved_values, *, saved_sym_nodes, **kwargs):
+        extracted.append(([n.name for n in saved_values], [n.name for n in saved_sym_nodes]))
+        return real_extract(joint, saved_values, saved_sym_nodes=saved_sym_nodes, **kwargs)
+
+    def no_python_saved_set(_gm):
+        raise AssertionError("split: torch rebuilt the saved set in Python")
 
     monkeypatch.setattr(partition, "partition_joint", spy)
+    monkeypatch.setattr(partition._partitioners, "_extract_fwd_bwd_modules", extract_spy)
+    monkeypatch.setattr(partition, "saved_values", no_python_saved_set)
     model = models.build("transformer")
     batch = models.example_batch("transformer")
     ref_loss, ref_grads = _eager_step(copy.deepcopy(model), batch)
     loss, grads, _ = _compiled_step(copy.deepcopy(model), batch, {"ac_mode": "full", "ac_split": "torch"})
-    assert calls == [None]
+    assert len(calls) == 1 and calls[0][1] == "torch"
+    split = calls[0][0]
+    assert split is not None and split["saved"]
+    assert extracted == [(list(split["saved"]), list(split["saved_symints"]))]
     assert torch.equal(ref_loss, loss)
     assert all(torch.equal(ref_grads[n], grads[n]) for n in ref_grads)
 
@@ -208,8 +223,8 @@ def test_split_config_key():
     cfg = hyper_ac.planning.config.load_config({"activation_checkpoint": {"mode": "full", "split": "torch"}})
     assert cfg.split == "torch"
     assert hyper_ac.planning.config.load_config({"ac_mode": "full"}).split == "native"
-    # The default keeps the canonical form (and so every plan) unchanged.
-    assert "split" not in hyper_ac.planning.config.load_config({"ac_mode": "full"}).data["activation_checkpoint"]
+    # The canonical form writes the default out (the core's option table; issue 23).
+    assert hyper_ac.planning.config.load_config({"ac_mode": "full"}).data["activation_checkpoint"]["split"] == "native"
     with pytest.raises(ValueError, match="unknown split 'fast'"):
         hyper_ac.planning.config.load_config({"ac_mode": "full", "ac_split": "fast"})
 

@@ -1,9 +1,11 @@
-"""Plan identity: the core's plan is byte-identical across restructures.
+"""Plan identity: the core's plan is the same across restructures.
 
 For every graph the Python tests use (the captured models of ``conftest`` at
 their test sizes, and each valid JSON graph in ``tests/data``) under every
 mode and every preset in ``configs/``, the sha256 of the plan JSON the core
-returns (its full form, ``detail=True``) is recorded in ``tests/data/plan_hashes.json``. Only the plan is
+returns (its full form, ``detail=True``) is recorded in ``tests/data/plan_hashes.json``: the whole document
+but the wording of its diagnostics (each keeps its level and node), so a
+reworded message changes no hash. Only the plan is
 hashed, never the graph document (its ``model`` section may change shape
 without changing a decision). A config the core rejects for a graph (no
 units, say) records the error's type instead, so a change of outcome fails
@@ -13,6 +15,16 @@ too. Each captured model is planned twice: serialised with its live model
 
 Regenerate with ``HYPER_AC_UPDATE_GOLDEN=1 pytest tests/python/test_plan_identity.py``
 and justify every changed hash in the commit message.
+
+The decisions (``tests/data/plan_decisions.json``) are checked on their own,
+part by part: per-node policies, duplicates with their insertion points,
+redirects, erasures, the saved set, the replayed random ops, the route
+(rewrite or hand the graph to stock) and, per graph and config, the
+saved-bytes / recompute frontier (``_core.pareto``). A restructure that
+changes the plan document (a new field, a reworded message) regenerates the
+hashes above, never this fixture: it is what proves no decision changed.
+Regenerate it (``HYPER_AC_UPDATE_DECISIONS=1``) only for a change that is
+meant to change decisions, and say which in the commit message.
 """
 
 from __future__ import annotations
@@ -28,7 +40,9 @@ from conftest import ALL_MODELS, core_module, get_captured
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 HASHES = DATA / "plan_hashes.json"
+DECISIONS = DATA / "plan_decisions.json"
 UPDATE = os.environ.get("HYPER_AC_UPDATE_GOLDEN") == "1"
+UPDATE_DECISIONS = os.environ.get("HYPER_AC_UPDATE_DECISIONS") == "1"
 
 # Each mode on its own (the budget as the tests write it), then every preset file.
 MODE_CONFIGS = {
@@ -69,10 +83,12 @@ def _plan_hash(core, graph: str, config, model) -> str:
 
     try:
         cfg_json = load_config(config).json_for(model)
-        text = core.plan(graph, cfg_json, op_policy_json(), detail=True)  # the full form, every byte
+        plan = json.loads(core.plan(graph, cfg_json, op_policy_json(), detail=True))  # the full form
     except (ValueError, RuntimeError, ConfigError) as error:
         return f"error:{type(error).__name__}"  # the type only: messages may be reworded
-    return hashlib.sha256(text.encode()).hexdigest()
+    for diagnostic in plan["diagnostics"]:
+        diagnostic.pop("message")  # the decisions, not their wording
+    return hashlib.sha256(json.dumps(plan, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _compute() -> dict:
@@ -103,6 +119,65 @@ def test_plans_are_byte_identical():
     # Not vacuous: most pairs plan; an all-error table would hide nothing.
     planned = sum(not v.startswith("error:") for by_cfg in actual.values() for v in by_cfg.values())
     assert planned >= len(actual) * len(MODE_CONFIGS)
+
+
+def _digest(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def _decisions(core, graph: str, config, model) -> dict:
+    """The plan's decisions, part by part (each as a short digest), and its frontier's."""
+    from hyper_ac.planning.config import ConfigError, load_config, op_policy_json
+
+    try:
+        cfg_json = load_config(config).json_for(model)
+        plan = json.loads(core.plan(graph, cfg_json, op_policy_json()))
+    except (ValueError, RuntimeError, ConfigError) as error:
+        return {"error": type(error).__name__}
+    parts = {
+        "policies": plan["policies"],
+        "duplicates": [[d["of"], d["before"]] for d in plan["duplicates"]],
+        "redirects": [[r["node"], r["input"], r["copy"]] for r in plan["redirects"]],
+        "erase": plan["erase"],
+        "saved": plan["saved"],
+        "rng_replays": [r["of"] for r in plan.get("rng_replays", [])],
+    }
+    out = {key: _digest(value) for key, value in parts.items()}
+    out["route"] = plan["route"]  # the core's (recorded before it was: the backend's rule, no stock comparison)
+    out["counts"] = [len(plan["policies"]), len(plan["duplicates"]), len(plan["saved"])]
+    try:
+        out["pareto"] = _digest(json.loads(core.pareto(graph, cfg_json, op_policy_json())))
+    except (ValueError, RuntimeError, ConfigError) as error:
+        out["pareto"] = f"error:{type(error).__name__}"
+    return out
+
+
+def test_plan_decisions_are_unchanged():
+    """Every decision of every plan (model × config) is the one recorded from the code before a restructure."""
+    core = core_module()
+    configs = _configs()
+    actual = {label: {key: _decisions(core, graph, cfg, model) for key, cfg in configs.items()}
+              for label, graph, model in _graphs()}
+    if UPDATE_DECISIONS:
+        DECISIONS.write_text(json.dumps(actual, indent=1, sort_keys=True) + "\n")
+        return
+    if not DECISIONS.exists():
+        pytest.fail(f"{DECISIONS} is missing: run with HYPER_AC_UPDATE_DECISIONS=1 to create it", pytrace=False)
+    expected = json.loads(DECISIONS.read_text())
+    assert set(actual) == set(expected), "the graph list changed"
+    changed = [
+        f"{graph} × {cfg} {part}: {expected[graph].get(cfg, {}).get(part)} -> {value}"
+        for graph, by_cfg in sorted(actual.items())
+        for cfg, parts in sorted(by_cfg.items())
+        for part, value in sorted(parts.items())
+        if expected[graph].get(cfg, {}).get(part) != value
+    ]
+    assert not changed, "plan decisions changed:\n" + "\n".join(changed)
+    # Not vacuous: both routes occur, and most pairs plan and duplicate something.
+    routes = {parts.get("route") for by_cfg in actual.values() for parts in by_cfg.values()}
+    assert {"rewrite", "stock"} <= routes
+    rewritten = sum(parts.get("route") == "rewrite" for by_cfg in actual.values() for parts in by_cfg.values())
+    assert rewritten >= len(actual) * 2
 
 
 def test_timeline_is_opt_in_and_adds_only_itself():

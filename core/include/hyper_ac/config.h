@@ -140,8 +140,56 @@ OpPolicyTable merge_op_policy(const OpPolicyTable& base, const std::string& over
 // The table in force: `base` with the config's op_policy categories replacing its own.
 OpPolicyTable effective_op_policy(const Config& config, const OpPolicyTable& base);
 
-// Canonical JSON of a config (what parse_config accepted, normalised).
+// Canonical JSON of a config: every option with its resolved value (defaults
+// written out), from the same option table that parses it; an optional value
+// left unset (layer_count / layer_indices, memory_budget, lambda) is omitted.
 std::string config_to_json(const Config& config);
+
+// Parses a compiler name ("eager" | "inductor"); throws ConfigError naming `key`.
+// The one check of a compiler name, for the config key and for a backend's argument.
+Compiler parse_compiler_name(const std::string& name, const std::string& key = "compiler");
+
+// `config` planned for the compiler that will run its graph (a backend's
+// `compiler` argument): a config on the default (eager) takes `runner`, one
+// that names inductor keeps it.
+Config with_runner(Config config, Compiler runner);
+
+// The `buffer_reuse` rule: whether Inductor may reuse buffers in the graphs it
+// compiles for `config`. auto: only in mode off (stock), because elsewhere a
+// reused buffer can outlive the plan's simulated lifetimes.
+bool inductor_buffer_reuse(const Config& config);
+
+// What a config resolves to, derived once here so that callers (the Python
+// backend, the CLI) only read it.
+struct ConfigFactsOptions {
+  // The compiler that will run the graph, when the caller knows it (a
+  // backend's `compiler`): the facts are then those of with_runner(config, runner).
+  std::optional<Compiler> runner;
+};
+
+struct ConfigFacts {
+  Mode mode = Mode::Off;
+  // mode != off: the caller plans each graph; off: it hands every graph to
+  // stock without planning (the plan's route would be stock, reason "off").
+  bool plans = false;
+  // auto: the caller measures the stock partition's recompute set and passes
+  // it as PlanOptions::stock_recomputed ("never worse than stock").
+  bool compare_with_stock = false;
+  Compiler compiler = Compiler::Eager;  // the fusion assumption of the recompute cost (with the runner applied)
+  SplitMethod split = SplitMethod::Native;
+  BufferReuse buffer_reuse = BufferReuse::Auto;
+  bool inductor_buffer_reuse = true;  // inductor_buffer_reuse(config)
+  double lambda = 0.0;                // effective_lambda
+  bool lambda_configured = false;     // the config sets lambda (else derived from the hardware)
+  HardwareProfile hardware;           // with `compiler`: the recompute cost options (CostOptions)
+  RngPolicy rng = RngPolicy::Replay;
+  // Notes for the runner: a setting that has no effect with it (buffer_reuse
+  // under the eager compiler).
+  std::vector<std::string> warnings;
+};
+
+ConfigFacts config_facts(const Config& config, const ConfigFactsOptions& options = {});
+std::string config_facts_to_json(const ConfigFacts& facts);
 
 // Parses "6GiB", "512MB", "1.5e9" into bytes; throws ConfigError naming `key`.
 double parse_byte_size(const std::string& text, const std::string& key);

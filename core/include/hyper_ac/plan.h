@@ -99,8 +99,26 @@ struct PlanTimeline {
   std::vector<std::int64_t> unit_backward_peak_after;
 };
 
+// Where the planned graph goes: rewritten by the plan, or handed unchanged to
+// the stock partition (which a caller runs exactly as stock torch.compile
+// does). Decided by plan() alone; a backend reads it (PlanResult::route).
+enum class Route { Rewrite, Stock };
+const char* to_string(Route route);  // "rewrite", "stock"
+
+struct RouteDecision {
+  Route route = Route::Stock;
+  // Why, as a stable word (plan JSON "route_reason"):
+  //   stock:   "off" (mode off), "stock_not_worse" (auto's plan is not below
+  //            the stock partition's simulated peak), "nothing_recomputed"
+  //            (no duplicate, and the model tagged no node itself);
+  //   rewrite: "recomputes" (the plan duplicates nodes), "user_tagged" (none,
+  //            but the model's own tags must be carried out: PlanStats::user_tagged).
+  std::string reason = "off";
+};
+
 struct PlanResult {
   Mode mode = Mode::Off;
+  RouteDecision route;            // rewrite or stock, and why
   Scope scope;
   TagResult tags;                 // tags after the structural rules
   std::vector<Policy> policies;   // final per-node policies (after the cut, if any)
@@ -128,6 +146,24 @@ StageOptions stage_options(const Config& config, const OpPolicyTable& op_policy)
 
 // Throws GraphError / ConfigError / ScopeError / PlanError.
 PlanResult plan(const Graph& graph, const PlanOptions& options);
+
+// The scope checks plan() runs, on a graph document that may hold only the
+// live model's facts (no nodes), so a config that cannot fit the model fails
+// before anything traces it (hyper_ac.prepare_activation_checkpoint).
+struct ScopeCheck {
+  // Whether the layer selection and the region / exclude patterns were
+  // checked: only when the units come from the model (the
+  // gradient_checkpointing marker); from module stacks they are known only
+  // once a graph exists. Mode off checks nothing.
+  bool checked = false;
+  std::vector<std::string> units;    // unit FQNs (checked only)
+  std::vector<std::string> regions;  // region FQNs (checked only)
+};
+
+// The adapter checks of stage_options always (mode off aside), then
+// resolve_scope when the units come from the model. Throws what plan() would
+// (ConfigError, ScopeError, NoUnitsError).
+ScopeCheck check_scope(const Graph& graph, const PlanOptions& options);
 
 // What a set of per-node policies costs once applied: the one yardstick of a
 // plan, of each frontier point and of a recompute set chosen elsewhere.
