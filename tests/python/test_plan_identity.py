@@ -79,6 +79,7 @@ def _graphs():
 
 
 def _plan_hash(core, graph: str, config, model) -> str:
+    from hyper_ac.planning import plan_doc
     from hyper_ac.planning.config import ConfigError, load_config, op_policy_json
 
     try:
@@ -127,6 +128,7 @@ def _digest(value) -> str:
 
 def _decisions(core, graph: str, config, model) -> dict:
     """The plan's decisions, part by part (each as a short digest), and its frontier's."""
+    from hyper_ac.planning import plan_doc
     from hyper_ac.planning.config import ConfigError, load_config, op_policy_json
 
     try:
@@ -134,8 +136,9 @@ def _decisions(core, graph: str, config, model) -> dict:
         plan = json.loads(core.plan(graph, cfg_json, op_policy_json()))
     except (ValueError, RuntimeError, ConfigError) as error:
         return {"error": type(error).__name__}
+    policies = dict(plan_doc.policies(plan))  # {name: POLICY} whichever form the plan is in
     parts = {
-        "policies": plan["policies"],
+        "policies": policies,
         "duplicates": [[d["of"], d["before"]] for d in plan["duplicates"]],
         "redirects": [[r["node"], r["input"], r["copy"]] for r in plan["redirects"]],
         "erase": plan["erase"],
@@ -144,7 +147,7 @@ def _decisions(core, graph: str, config, model) -> dict:
     }
     out = {key: _digest(value) for key, value in parts.items()}
     out["route"] = plan["route"]  # the core's (recorded before it was: the backend's rule, no stock comparison)
-    out["counts"] = [len(plan["policies"]), len(plan["duplicates"]), len(plan["saved"])]
+    out["counts"] = [len(policies), len(plan["duplicates"]), len(plan["saved"])]
     try:
         out["pareto"] = _digest(json.loads(core.pareto(graph, cfg_json, op_policy_json())))
     except (ValueError, RuntimeError, ConfigError) as error:
