@@ -48,17 +48,8 @@ ConfigFactsOptions facts_options(const std::optional<std::string>& runner) {
   return options;
 }
 
-}  // namespace
-
-PYBIND11_MODULE(_core, m) {
-  m.doc() = "hyper_ac C++ core: graph loading, tagging, remat planning (torch-free)";
-  py::register_exception<GraphError>(m, "GraphError", PyExc_ValueError);
-  py::register_exception<ConfigError>(m, "ConfigError", PyExc_ValueError);
-  auto scope_error = py::register_exception<ScopeError>(m, "ScopeError", PyExc_ValueError);
-  py::register_exception<NoUnitsError>(m, "NoUnitsError", scope_error.ptr());
-  py::register_exception<PlanError>(m, "PlanError", PyExc_RuntimeError);
-  py::register_exception<MinCutError>(m, "MinCutError", PyExc_ValueError);
-  py::register_exception<PolicyConflictError>(m, "PolicyConflictError", PyExc_ValueError);
+// Graph documents: their format, loading, printing and summaries.
+void register_graph(py::module_& m) {
   m.attr("GRAPH_FORMAT_VERSION") = kGraphFormatVersion;
   m.attr("PLAN_FORMAT_VERSION") = kPlanFormatVersion;
 
@@ -120,7 +111,10 @@ PYBIND11_MODULE(_core, m) {
     as_written.elide_copies = false;
     return graph_to_json(load_graph(graph_json, as_written).graph);
   }, py::arg("graph_json"), "Load a graph and re-emit its canonical JSON (as written: no copy elided).");
+}
 
+// Configs and operator tables: validation and the facts the core derives from them.
+void register_config(py::module_& m) {
   m.def("validate_config", [](const std::string& config_json) {
     return config_to_json(parse_config(config_json));
   }, py::arg("config_json"), "Validate a config; return its canonical JSON (every option, defaults resolved).");
@@ -145,7 +139,10 @@ PYBIND11_MODULE(_core, m) {
   m.def("validate_op_policy", [](const std::string& table_json) {
     parse_op_policy(table_json);
   }, py::arg("table_json"));
+}
 
+// The plan and its companions: the split, the frontier, the flow network.
+void register_planning(py::module_& m) {
   m.def("plan", [](std::string_view graph_json, const std::string& config_json, const std::optional<std::string>& op_policy_json,
                    bool timings, bool timeline, std::optional<std::vector<std::string>> stock_recomputed, bool detail) {
     py::gil_scoped_release release;
@@ -202,7 +199,10 @@ PYBIND11_MODULE(_core, m) {
   }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = py::none(),
      "The exact s-t network the auto min-cut solves (tags as in auto, the effective lambda) as DIMACS max-flow text,\n"
      "with 'c vertex V NAME in|out' and 'c max_flow F' comment lines (docs/mincut.md).");
+}
 
+// Stage-level entry points for tools and tests (units, scope checks, scoring, printing).
+void register_analysis(py::module_& m) {
   m.def("discover_units", [](const std::string& graph_json) {
     auto loaded = load_graph(graph_json);
     std::vector<std::string> fqns;
@@ -257,4 +257,21 @@ PYBIND11_MODULE(_core, m) {
     return print_graph(loaded.graph, print);
   }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = py::none(),
      "The graph's text form annotated with each node's policy and duplicate placement.");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "hyper_ac C++ core: graph loading, tagging, remat planning (torch-free)";
+  py::register_exception<GraphError>(m, "GraphError", PyExc_ValueError);
+  py::register_exception<ConfigError>(m, "ConfigError", PyExc_ValueError);
+  auto scope_error = py::register_exception<ScopeError>(m, "ScopeError", PyExc_ValueError);
+  py::register_exception<NoUnitsError>(m, "NoUnitsError", scope_error.ptr());
+  py::register_exception<PlanError>(m, "PlanError", PyExc_RuntimeError);
+  py::register_exception<MinCutError>(m, "MinCutError", PyExc_ValueError);
+  py::register_exception<PolicyConflictError>(m, "PolicyConflictError", PyExc_ValueError);
+  register_graph(m);
+  register_config(m);
+  register_planning(m);
+  register_analysis(m);
 }
