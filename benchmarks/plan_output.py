@@ -166,11 +166,10 @@ def _meta(argv: list[str], path: str, conditions: str) -> dict:
 
 
 def _header(meta: dict) -> str:
-    return "\n".join(["# Plan output at scale", "",
-                      f"- command: `{meta['command']}`",
-                      f"- commit: {meta['commit']}",
-                      f"- date: {meta['date']}",
-                      f"- machine: {meta['machine']}; {meta['load']}; this process pinned to CPUs {meta['affinity']}",
+    from benchmarks.report import provenance_header
+
+    return "\n".join(["# Plan output at scale", "", *provenance_header(meta),
+                      f"- pinned to CPUs {meta['affinity']}",
                       f"- conditions: {meta['conditions'] or 'not stated'}",
                       f"- graph: {meta['graph']} ({meta['graph_mb']:.0f} MB)", "",
                       "Columns are explained in benchmarks/README.md (\"Plan output\")."])

@@ -91,19 +91,21 @@ def _known(value: int):
 
 
 def provenance_header(meta: dict) -> list[str]:
-    """The lines every results page starts with: what ran, on which code, where, and when."""
-    return [f"- command: `{meta['command']}`",
-            f"- commit: {meta.get('commit', 'not recorded')}",
-            f"- date: {meta['date']}",
-            f"- machine: {meta['machine']}; {meta.get('load', 'load not recorded')}",
-            f"- torch {meta['torch']}, transformers {meta.get('transformers', '?')}; total {meta['total_seconds']:.0f} s",
-            "", "Columns are explained in benchmarks/README.md.", ""]
+    """The lines every results page opens with: what ran, on which code, where, and when."""
+    lines = [f"- command: `{meta['command']}`",
+             f"- commit: {meta.get('commit', 'not recorded')}",
+             f"- date: {meta['date']}",
+             f"- machine: {meta['machine']}; {meta.get('load', 'load not recorded')}"]
+    if "torch" in meta:
+        lines.append(f"- torch {meta['torch']}, transformers {meta.get('transformers', '?')}"
+                     + (f"; total {meta['total_seconds']:.0f} s" if "total_seconds" in meta else ""))
+    return lines
 
 
 def render_markdown(meta: dict, step_rows: list[dict], pareto: dict, scaling: list[dict], core_rows: list[dict],
                     flow_rows: list[dict], notes: dict) -> str:
     out = ["# hyper_ac benchmark results", ""]
-    out += provenance_header(meta)
+    out += provenance_header(meta) + ["", "Columns are explained in benchmarks/README.md.", ""]
     if step_rows:
         spec = meta["spec"]
         out += ["## One training step", "",

@@ -62,7 +62,7 @@ def main() -> None:
                          f"| {states:.0f} B |")
     meta["total_seconds"] = time.perf_counter() - started
     print("# Per-layer saved bytes, GPT-2 with and without dropout\n")
-    print("\n".join(provenance_header(meta)[:-2]))
+    print("\n".join(provenance_header(meta)) + "\n")
     print("The core's `saved_bytes_after` (replay states included); per layer = (4-layer - 2-layer) / 2.\n")
     print("\n".join(lines))
 
