@@ -169,8 +169,7 @@ def graph_flops(gm) -> float:
     """Sum of flop_counter-registry FLOPs over the call_function nodes of ``gm``."""
     import torch
 
-    from hyper_ac.frontend import op_facts
-    from hyper_ac.frontend import serialize
+    from hyper_ac.frontend import op_facts, serialize, values
 
     total = 0.0
     for node in gm.graph.nodes:
@@ -178,7 +177,7 @@ def graph_flops(gm) -> float:
             continue
         facts = op_facts.op_facts(node.target)
         if facts.flop_formula is not None:
-            total += op_facts._flops(node, facts, serialize.UNBACKED_FALLBACK)
+            total += values._flops(node, facts, serialize.UNBACKED_FALLBACK)
     return total
 
 

@@ -37,8 +37,9 @@ from hyper_ac import _core, fx_meta
 from hyper_ac.lower._gc import paused_gc
 from hyper_ac.frontend.annotate import phase_of
 from hyper_ac.frontend.graph_wire import compact, expand, node_text
-from hyper_ac.frontend.op_facts import (_PY_SYM_TYPES, _flops, _output_facts, _positions, is_exact_copy, may_be_exact_copy,
-                               draws_random, op_facts, rng_state_bytes, target_name)
+from hyper_ac.frontend.op_facts import (_PY_SYM_TYPES, _positions, draws_random, is_exact_copy, may_be_exact_copy, op_facts,
+                                        rng_state_bytes, target_name)
+from hyper_ac.frontend.values import _flops, _output_facts
 
 __all__ = [
     "FORMAT",

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -30,7 +29,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from ranks import run_ranks
 
 WORLD = 2
 MODES = ["off", "full", "selective", "auto", "budget"]
@@ -42,12 +42,6 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
 
 def _config(mode: str) -> dict:
     return {"ac_mode": mode, "ac_memory_budget": 0.5} if mode == "budget" else {"ac_mode": mode}
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _build(rank: int, dim: int = 16, hidden: int = 64):
@@ -163,24 +157,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
 
 def test_tensor_parallel_mlp_two_ranks_every_mode(tmp_path):
-    context = mp.start_processes(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD,
-                                 join=False, start_method="spawn")
-    import time
-
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not context.join(timeout=max(1.0, deadline - time.monotonic())):
-            if time.monotonic() > deadline:
-                pytest.fail(f"the {WORLD} ranks did not finish within {TIMEOUT_S} s")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
-                process.join(5)
-
-    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    reports = run_ranks(_worker, tmp_path, WORLD, TIMEOUT_S)
     for report in reports:
-        assert "error" not in report, f"rank {report['rank']} failed:\n{report['error']}"
         assert list(report["modes"]) == MODES
 
     for mode in MODES:

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import time
 import traceback
 import warnings
 from datetime import timedelta
@@ -24,7 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from ranks import run_ranks
 
 WORLD = 2
 RUNS = [("eager", "off"), ("eager", "full"), ("eager", "auto"), ("inductor", "full")]
@@ -32,12 +31,6 @@ TIMEOUT_S = 420  # whole test, on a loaded 2-core machine
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="torch.distributed with gloo is not available")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _build():
@@ -113,23 +106,9 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
 
 def test_fsdp2_two_ranks_hyper_ac_backend(tmp_path):
-    context = mp.start_processes(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD,
-                                 join=False, start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not context.join(timeout=max(1.0, deadline - time.monotonic())):
-            if time.monotonic() > deadline:
-                pytest.fail(f"the {WORLD} ranks did not finish within {TIMEOUT_S} s")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
-                process.join(5)
-
-    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    reports = run_ranks(_worker, tmp_path, WORLD, TIMEOUT_S)
     problems = []
     for report in reports:
-        assert "error" not in report, f"rank {report['rank']} failed:\n{report['error']}"
         for run, entry in report["runs"].items():
             where = f"rank {report['rank']}, {run}"
             if not entry["same"]:
