@@ -35,7 +35,7 @@ ENV_COMPILER = "HYPER_AC_COMPILER"
 
 #: The keys ``options`` may hold: :func:`hyper_ac.backend`'s parameters, under their own names
 #: (a test keeps the two lists equal; this module stays torch-free until a graph compiles).
-OPTIONS = ("config", "model", "compiler", "tag_only", "on_result")
+OPTIONS = ("config", "model", "compiler", "tag_only", "on_result", "detail")
 
 
 def _config_from_env(value: str) -> Any:

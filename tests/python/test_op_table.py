@@ -134,7 +134,7 @@ def test_selective_saves_flex_attention(flex_on_cpu):
             and op_facts.target_name(n) == "higher_order::flex_attention"]
     assert len(flex) == 2  # one per block, in the joint graph the pass plans
 
-    plan = hyper_ac.plan(gm, {"ac_mode": "selective"}, model=model).plan
+    plan = hyper_ac.plan(gm, {"ac_mode": "selective"}, model=model, detail=True).plan  # reasons: full form
     recomputed = {d["of"] for d in plan["duplicates"]}
     for node in flex:
         assert (plan["policies"][node.name], plan["reasons"].get(node.name)) == ("MUST_SAVE", "op-table")

@@ -24,7 +24,8 @@ import hyper_ac
 import hyper_ac.lower.partition as partition
 from hyper_ac import _core, models
 from hyper_ac.frontend.capture import capture_joint
-from hyper_ac.frontend.op_facts import target_name
+from hyper_ac.frontend.op_facts import HIGHER_ORDER_NAMESPACE, target_name
+from hyper_ac.lower.runtime import _MODE_SAFE
 
 
 def _twin(gm: fx.GraphModule) -> fx.GraphModule:
@@ -37,8 +38,19 @@ def _twin(gm: fx.GraphModule) -> fx.GraphModule:
     return twin
 
 
+# Once the eager compiler has compiled a module, its random-op replays call
+# hyper_ac.lower.runtime's plain functions instead of torch's higher-order ops
+# (a later step than the split): count them as the op they stand for.
+_HOP_OF = {plain: hop for hop, plain in _MODE_SAFE.items()}
+
+
+def _target(n: fx.Node) -> str:
+    hop = _HOP_OF.get(n.target)
+    return f"{HIGHER_ORDER_NAMESPACE}::{hop.name()}" if hop is not None else target_name(n)
+
+
 def _multiset(gm: fx.GraphModule) -> Counter:
-    return Counter((n.op, target_name(n)) for n in gm.graph.nodes if n.op not in ("placeholder", "output"))
+    return Counter((n.op, _target(n)) for n in gm.graph.nodes if n.op not in ("placeholder", "output"))
 
 
 def _placeholders(gm: fx.GraphModule) -> list[str]:
