@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "graph_builder.h"
+#include "load_outcome.h"
 #include "hyper_ac/graph.h"
 #include "sample_graphs.h"
 
@@ -23,31 +24,10 @@ const std::filesystem::path kData = HYPER_AC_TEST_DATA;
 
 std::string read(const std::filesystem::path& path) { return hyper_ac::testing::read_text(path.string()); }
 
-LoadOptions reference() {
-  LoadOptions options;
-  options.reference_loader = true;
-  return options;
-}
-
-struct Outcome {
-  bool ok = false;
-  bool fast = false;
-  std::string error;
-  Graph graph;
-};
-
-Outcome load(const std::string& text, const LoadOptions& options) {
-  Outcome out;
-  try {
-    auto loaded = load_graph(text, options);
-    out.ok = true;
-    out.fast = loaded.stats.fast_path;
-    out.graph = std::move(loaded.graph);
-  } catch (const GraphError& error) {
-    out.error = error.what();
-  }
-  return out;
-}
+using hyper_ac::testing::Outcome;
+using hyper_ac::testing::load;
+using hyper_ac::testing::outcome_of;
+using hyper_ac::testing::reference;
 
 // The fast path accepts a document only if the reference does, with the same
 // Graph; where it declines, the public load gives the reference's outcome.

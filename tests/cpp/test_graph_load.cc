@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "graph_builder.h"
+#include "load_outcome.h"
 #include "hyper_ac/graph.h"
 #include "sample_graphs.h"
 
@@ -28,38 +29,10 @@ std::string data(const std::string& name) {
 }
 json tiny() { return json::parse(data("tiny_mlp.json")); }
 
-LoadOptions reference() {
-  LoadOptions options;
-  options.reference_loader = true;
-  return options;
-}
-
-// What loading gave: the graph, or the error message.
-struct Outcome {
-  bool ok = false;
-  bool fast = false;
-  std::string error;
-  Graph graph;
-};
-
-// What one loader call gives: its graph and path, or its error message.
-template <typename LoadCall>
-Outcome outcome_of(LoadCall&& load_call) {
-  Outcome out;
-  try {
-    auto loaded = load_call();
-    out.ok = true;
-    out.fast = loaded.stats.fast_path;
-    out.graph = std::move(loaded.graph);
-  } catch (const GraphError& error) {
-    out.error = error.what();
-  }
-  return out;
-}
-
-Outcome load(const std::string& text, const LoadOptions& options) {
-  return outcome_of([&] { return load_graph(text, options); });
-}
+using hyper_ac::testing::Outcome;
+using hyper_ac::testing::load;
+using hyper_ac::testing::outcome_of;
+using hyper_ac::testing::reference;
 
 // The public load and the reference-only load agree: the same Graph, or the
 // same error message.
