@@ -38,7 +38,7 @@ import traceback
 from pathlib import Path
 from typing import Optional
 
-from benchmarks.common import DEFAULT_MODELS, INDUCTOR, ModelSpec, QUICK_MODELS, QUICK_STRATEGIES, STRATEGIES, ScalingOptions, _first_line
+from benchmarks.common import DEFAULT_MODELS, INDUCTOR, ModelSpec, hac_strategy_config, QUICK_MODELS, QUICK_STRATEGIES, STRATEGIES, ScalingOptions, _first_line
 from benchmarks.step import StepOptions, run_pareto, run_step_benchmark
 from benchmarks.scaling import run_scaling
 from benchmarks.report import STEP_COLUMNS, _write_csv, render_markdown, render_plots
@@ -203,7 +203,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         "threads": torch.get_num_threads(),
         "core_repeat": scaling_opts.core_repeat,
         "fx_runner": args.fx_runner,
-        "buffer_reuse": args.buffer_reuse or "auto",
+        # the core's resolved value (its default when --buffer-reuse is not given)
+        "buffer_reuse": hac_strategy_config("inductor_full", args.buffer_reuse).buffer_reuse,
     }
     if step_rows:
         _write_csv(out_dir / "results.csv", step_rows, STEP_COLUMNS)

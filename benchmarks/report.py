@@ -256,7 +256,7 @@ def render_markdown(meta: dict, step_rows: list[dict], pareto: dict, scaling: li
                 "splits the graph into forward/backward modules. hyper_ac = serialise (`to_json`) + core plan "
                 "(`_core.plan`, auto) + apply (`apply_plan`); the forward/backward split (`partition_joint`) is timed "
                 "apart, both ways in the same run: `split: torch` (torch's `_extract_fwd_bwd_modules`, column "
-                "\"partition s\") and `split: native` (the core's split, `hyper_ac.plan(..., split=True)`, built in one "
+                "\"partition s\") and `split: native` (the core's split, `hyper_ac.plan(..., with_split=True)`, built in one "
                 "pass, column \"native split s\"; \"native s\" is serialise + plan + apply + native split, end to end). "
                 "The last two columns are PyTorch's time over hyper_ac's end to end with each split. Column "
                 "\"codegen\": both sides timed under `torch.fx._lazy_graph_module._use_lazy_graph_module(True)` "

@@ -66,7 +66,7 @@ def time_hyper_ac(gm, num_fwd_outputs: int, mode: str = "auto", codegen: str = "
 
     ``split: torch`` (``hac_*``): plan, apply, then ``partition_joint`` with PyTorch's
     ``_extract_fwd_bwd_modules``. ``split: native`` (``hac_native_*``): the plan with the core's
-    split (``hyper_ac.plan(..., split=True)``), apply, then ``partition_joint(..., split=...)``,
+    split (``hyper_ac.plan(..., with_split=True)``), apply, then ``partition_joint(..., split=...)``,
     which builds both modules in one pass. Each on its own copy of the graph.
     """
     import hyper_ac
@@ -89,7 +89,7 @@ def time_hyper_ac(gm, num_fwd_outputs: int, mode: str = "auto", codegen: str = "
     g = copy_graph_module(gm)
     with _quiet(), _codegen(codegen):
         n0 = time.perf_counter()
-        native = hyper_ac.plan(g, config, split=True)
+        native = hyper_ac.plan(g, config, with_split=True)
         n2 = time.perf_counter()
         apply_plan(g, native.plan, recompile=False)
         n3 = time.perf_counter()

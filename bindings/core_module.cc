@@ -144,7 +144,8 @@ void register_config(py::module_& m) {
 // The plan and its companions: the split, the frontier, the flow network.
 void register_planning(py::module_& m) {
   m.def("plan", [](std::string_view graph_json, const std::string& config_json, const std::optional<std::string>& op_policy_json,
-                   bool timings, bool timeline, std::optional<std::vector<std::string>> stock_recomputed, bool detail) {
+                   bool timings, bool timeline, std::optional<std::vector<std::string>> stock_recomputed, bool detail,
+                   bool unitless_to_stock) {
     py::gil_scoped_release release;
     const auto started = std::chrono::steady_clock::now();
     auto loaded = load_padded(graph_json);
@@ -152,6 +153,7 @@ void register_planning(py::module_& m) {
     PlanOptions options = options_for(config_json, op_policy_json);
     options.record_timeline = timeline;
     options.stock_recomputed = std::move(stock_recomputed);
+    options.unitless_to_stock = unitless_to_stock;
     auto result = plan(loaded.graph, options);
     result.timings.load_seconds = load_seconds;
     PlanJsonOptions json_options;
@@ -160,28 +162,32 @@ void register_planning(py::module_& m) {
     return plan_to_json(loaded.graph, result, json_options);
   }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = py::none(), py::arg("timings") = false,
      py::arg("timeline") = false, py::arg("stock_recomputed") = py::none(), py::arg("detail") = false,
+     py::arg("unitless_to_stock") = false,
      "Plan save/recompute for a graph (JSON text, str or bytes); return the plan document (docs/graph-format.md):\n"
      "the compact form, or with detail=True the full one (every tagged node's policy, region id and reason by\n"
      "name). With per-stage wall times under 'timings' if asked; without them the plan is byte-identical for the\n"
      "same input. timeline=True adds 'timeline': live activation bytes per schedule step before/after the rewrite\n"
      "and each schedule's last forward step. stock_recomputed: the forward node names the stock partition\n"
      "recomputes (PlanOptions::stock_recomputed): auto then rewrites nothing unless its simulated peak is below\n"
-     "that plan's.");
+     "that plan's. unitless_to_stock: a graph without units gets an unchanged plan routed to stock, with a\n"
+     "warning, instead of NoUnitsError (PlanOptions::unitless_to_stock).");
 
   m.def("plan_split", [](std::string_view graph_json, const std::string& config_json, const std::optional<std::string>& op_policy_json,
-                         bool timeline, std::optional<std::vector<std::string>> stock_recomputed, bool detail) {
+                         bool timeline, std::optional<std::vector<std::string>> stock_recomputed, bool detail,
+                         bool unitless_to_stock) {
     py::gil_scoped_release release;
     auto loaded = load_padded(graph_json);
     PlanOptions options = options_for(config_json, op_policy_json);
     options.record_timeline = timeline;
     options.stock_recomputed = std::move(stock_recomputed);
+    options.unitless_to_stock = unitless_to_stock;
     auto result = plan(loaded.graph, options);
     auto split = split_joint(loaded.graph, result.remat);
     PlanJsonOptions json_options;
     json_options.detail = detail;
     return std::make_pair(plan_to_json(loaded.graph, result, json_options), split_to_json(loaded.graph, split));
   }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = py::none(), py::arg("timeline") = false,
-     py::arg("stock_recomputed") = py::none(), py::arg("detail") = false,
+     py::arg("stock_recomputed") = py::none(), py::arg("detail") = false, py::arg("unitless_to_stock") = false,
      "(plan JSON, split JSON): the plan exactly as plan() gives it, and the forward/backward split of the rewritten\n"
      "graph (split.h): the nodes each module runs and the values the forward saves, in order (docs/graph-format.md).");
 

@@ -100,7 +100,7 @@ bool get_bool(const json& value, const std::string& key) {
   return value.get<bool>();
 }
 
-std::int64_t get_layer_int(const json& value, const std::string& key) {
+std::int64_t get_unit_int(const json& value, const std::string& key) {
   // YAML `true` must not pass as 1.
   if (value.is_boolean()) fail(key, "must be an integer, got a boolean");
   if (!value.is_number_integer()) fail(key, std::string("must be an integer, got ") + value.type_name());
@@ -146,17 +146,17 @@ Mode parse_mode(const json& value, const std::string& key) {
   fail(key, "unknown mode '" + text + "'; use one of off, full, selective, auto, budget");
 }
 
-void parse_layer_indices(const json& value, const std::string& key, Config& config) {
+void parse_unit_indices(const json& value, const std::string& key, Config& config) {
   if (value.is_null()) return;
   if (!value.is_array()) fail(key, std::string("must be a list of integers, got ") + value.type_name());
   std::vector<std::int64_t> indices;
   std::set<std::int64_t> seen;
   for (const auto& entry : value) {
-    std::int64_t index = get_layer_int(entry, key);
-    if (!seen.insert(index).second) fail(key, "duplicate layer index " + std::to_string(index));
+    std::int64_t index = get_unit_int(entry, key);
+    if (!seen.insert(index).second) fail(key, "duplicate unit index " + std::to_string(index));
     indices.push_back(index);
   }
-  config.scope.layer_indices = indices;
+  config.scope.unit_indices = indices;
 }
 
 void parse_source(const json& value, const std::string& key, Config& config) {
@@ -279,7 +279,7 @@ void parse_regions(const json& value, const std::string& key, Config& config) {
 }
 
 void parse_adapter(const json& value, Config& config) {
-  // Filled by hyper_ac.config from a model adapter's RecomputePolicy.
+  // Filled by hyper_ac.config from a registered ModelAdapter.
   if (!value.is_object()) fail("adapter", "must be a mapping");
   check_keys(value, {"include", "exclude"}, "adapter");
   config.adapter_include = get_strings(value.value("include", json()), "adapter.include");
@@ -316,12 +316,12 @@ const std::vector<OptionKey>& option_keys() {
        [](const Config& c) -> json { return c.region_source; }},
       {"ac_layer_count", "selection", "layer_count",
        [](const json& v, const std::string& k, Config& c) {
-         if (!v.is_null()) c.scope.layer_count = get_layer_int(v, k);
+         if (!v.is_null()) c.scope.unit_count = get_unit_int(v, k);
        },
-       [](const Config& c) -> json { return c.scope.layer_count ? json(*c.scope.layer_count) : json(nullptr); }},
+       [](const Config& c) -> json { return c.scope.unit_count ? json(*c.scope.unit_count) : json(nullptr); }},
       {"ac_layer_indices", "selection", "layer_indices",
-       [](const json& v, const std::string& k, Config& c) { parse_layer_indices(v, k, c); },
-       [](const Config& c) -> json { return c.scope.layer_indices ? json(*c.scope.layer_indices) : json(nullptr); }},
+       [](const json& v, const std::string& k, Config& c) { parse_unit_indices(v, k, c); },
+       [](const Config& c) -> json { return c.scope.unit_indices ? json(*c.scope.unit_indices) : json(nullptr); }},
       {"ac_scope", "", "scope", [](const json& v, const std::string& k, Config& c) { c.scope.rule = parse_scope_rule(v, k); },
        [](const Config& c) -> json { return to_string(c.scope.rule); }},
       {"ac_regions", "", "regions", [](const json& v, const std::string& k, Config& c) { parse_regions(v, k, c); },
@@ -541,8 +541,8 @@ Config parse_config(const std::string& json_text) {
   }
   if (document.contains("adapter") && !document["adapter"].is_null()) parse_adapter(document["adapter"], config);
 
-  if (config.scope.layer_count && config.scope.layer_indices)
-    throw ConfigError("config sets both layer_count and layer_indices; they select layers in two different ways, keep one");
+  if (config.scope.unit_count && config.scope.unit_indices)
+    throw ConfigError("config sets both layer_count and layer_indices; they select units in two different ways, keep one");
   if (config.mode == Mode::Budget && !has_budget(config.mincut.memory_budget))
     throw ConfigError("config key 'memory_budget': mode 'budget' needs a memory_budget (bytes like \"6GiB\" or a fraction like 0.5)");
   if (config.mode != Mode::Budget && has_budget(config.mincut.memory_budget))

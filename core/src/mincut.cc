@@ -18,7 +18,7 @@
 #include "hyper_ac/alias.h"
 #include "hyper_ac/cost.h"
 #include "hyper_ac/saturate.h"
-#include "schedule.h"
+#include "indexed_stages.h"
 
 namespace hyper_ac {
 
@@ -98,7 +98,7 @@ struct Cut {
 // the candidate set, feasibility. Built once, solved for many lambdas.
 class Solver {
  public:
-  // `index` is the graph's node index (schedule.h), built by the caller.
+  // `index` is the graph's node index (node_index.h), built by the caller.
   Solver(const Graph& graph, const detail::NodeIndex& index, const std::vector<Policy>& tags,
          const MinCutOptions& options)
       : graph_(graph), tags_(tags), options_(options), index_(index) {

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <optional>
 #include <unordered_map>
 #include <variant>
 
@@ -15,7 +16,7 @@
 #include "hyper_ac/mincut.h"
 #include "hyper_ac/saturate.h"
 #include "hyper_ac/simulate.h"
-#include "schedule.h"
+#include "indexed_stages.h"
 
 namespace hyper_ac {
 
@@ -24,7 +25,21 @@ using json = nlohmann::json;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+// Adds the wall time of its scope to one figure. Every time plan() reports
+// (PlanTimings) is taken by one of these, each evaluation's once, by
+// evaluate_indexed, so a stage is never counted twice or missed on a branch.
+class ScopedTimer {
+ public:
+  explicit ScopedTimer(double& into) : into_(into), start_(Clock::now()) {}
+  ~ScopedTimer() { into_ += std::chrono::duration<double>(Clock::now() - start_).count(); }
+  ScopedTimer(const ScopedTimer&) = delete;
+  ScopedTimer& operator=(const ScopedTimer&) = delete;
+
+ private:
+  double& into_;
+  Clock::time_point start_;
+};
 
 // PlanOptions::record_timeline: simulate both schedules once more, keeping every step.
 void record_timeline(const Graph& graph, PlanResult& result) {
@@ -63,14 +78,14 @@ ScopeOptions scope_options(const Config& config) {
   if (config.region_source == "model_adapter_safe_regions" && !config.adapter_given)
     throw ConfigError(
         "config selection.source is 'model_adapter_safe_regions' but no model adapter is registered for this model "
-        "(register a RecomputePolicy with hyper_ac.config.register_adapter)");
+        "(register a ModelAdapter with hyper_ac.config.register_adapter)");
   // Adapter regions stand in for configured ones: always when the source asks
   // for them, otherwise only when the config names no regions of its own.
   bool use_adapter = config.adapter_given &&
                      (config.region_source == "model_adapter_safe_regions" || config.scope.include.empty());
   if (use_adapter) {
     if (config.adapter_include.empty())
-      throw ConfigError("the model adapter's RecomputePolicy declares no region_patterns; it needs at least one");
+      throw ConfigError("the registered ModelAdapter declares no region_patterns; it needs at least one");
     options.include = config.adapter_include;
     for (const auto& pattern : config.adapter_exclude) options.exclude.push_back(pattern);
   }
@@ -128,17 +143,27 @@ RematOptions unit_schedule(const Scope& scope) {
 // the evaluations of one plan (the frontier points replay mostly the same nodes).
 using SecondsCache = std::vector<double>;
 
+// `timings`: plan()'s figures, which every evaluation it runs adds its own
+// remat and simulate time to (null: a lone evaluate()).
 Evaluation evaluate_indexed(const Graph& graph, const detail::NodeIndex& index, const std::vector<Policy>& policies,
-                            const CostOptions& cost, const RematOptions& remat, SecondsCache* seconds = nullptr) {
+                            const CostOptions& cost, const RematOptions& remat, PlanTimings* timings,
+                            SecondsCache* seconds = nullptr) {
   Evaluation evaluation;
-  auto stage = Clock::now();
   detail::FlatSchedule validated;  // the rewritten schedule plan_remat's validation built, if it ran
-  evaluation.remat = detail::plan_remat(graph, index, policies, remat, &validated);
-  evaluation.remat_seconds = seconds_since(stage);
-  stage = Clock::now();
-  const SimulateResult simulated = remat.validate ? detail::simulate_memory(graph, index, validated, {})
-                                                  : detail::simulate_memory(graph, index, &evaluation.remat, {});
-  evaluation.simulate_seconds = seconds_since(stage);
+  {
+    ScopedTimer timer(evaluation.remat_seconds);
+    evaluation.remat = detail::plan_remat(graph, index, policies, remat, &validated);
+  }
+  SimulateResult simulated;
+  {
+    ScopedTimer timer(evaluation.simulate_seconds);
+    simulated = remat.validate ? detail::simulate_memory(graph, index, validated, {})
+                               : detail::simulate_memory(graph, index, &evaluation.remat, {});
+  }
+  if (timings != nullptr) {
+    timings->remat_seconds += evaluation.remat_seconds;
+    timings->simulate_seconds += evaluation.simulate_seconds;
+  }
   evaluation.saved_bytes = evaluation.remat.stats.saved_bytes_after;
   evaluation.recompute_flops = evaluation.remat.stats.recompute_flops;
   evaluation.nodes_duplicated = evaluation.remat.duplicates.size();
@@ -208,12 +233,12 @@ struct Descent {
   std::size_t evaluations = 0;
   std::size_t saved_again = 0;  // candidates kept saved
   bool bounded = false;         // stopped by the bounds, not by a pass without change
-  double simulate_seconds = 0.0;  // the simulate part of its evaluations (the rest of its time is remat)
 };
 
 Descent descend_within_budget(const Graph& graph, const detail::NodeIndex& index, const std::vector<Policy>& tags,
                               std::vector<Policy> policies, std::int64_t target, const CostOptions& cost,
-                              const RematOptions& schedule, SecondsCache& seconds, Evaluation& chosen) {
+                              const RematOptions& schedule, SecondsCache& seconds, Evaluation& chosen,
+                              PlanTimings& timings) {
   Descent descent;
   const std::size_t per_evaluation = std::max<std::size_t>(graph.nodes.size(), 1);
   const std::size_t cap = std::min(kBudgetDescentEvaluations, std::max<std::size_t>(kBudgetDescentWork / per_evaluation, 1));
@@ -242,9 +267,8 @@ Descent descend_within_budget(const Graph& graph, const detail::NodeIndex& index
       if (!is_recompute(policies[v])) continue;
       std::vector<Policy> trial = policies;
       trial[v] = Policy::PreferSave;
-      Evaluation evaluation = evaluate_indexed(graph, index, trial, cost, schedule, &seconds);
+      Evaluation evaluation = evaluate_indexed(graph, index, trial, cost, schedule, &timings, &seconds);
       ++descent.evaluations;
-      descent.simulate_seconds += evaluation.simulate_seconds;
       if (evaluation.simulated_peak_bytes > target || !(evaluation.recompute_seconds < chosen.recompute_seconds)) continue;
       evaluation.lambda = chosen.lambda;
       chosen = std::move(evaluation);
@@ -258,26 +282,24 @@ Descent descend_within_budget(const Graph& graph, const detail::NodeIndex& index
 
 // Budget mode: the least-recompute point of the Pareto frontier whose
 // simulated peak fits, then the descent above; none fits -> the smallest
-// peak, with a warning. Adds the time of every evaluation it runs (the
-// chosen one included) to result.timings, each once: plan() adds nothing
-// more for budget mode.
+// peak, with a warning.
 Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& index, const Config& config,
                                 const StageOptions& stages, const SimulateResult& all_saved, PlanResult& result) {
   const std::int64_t target = budget_target(graph, config.mincut.memory_budget, all_saved);
   result.stats.budget_bytes = target;
-  auto stage = Clock::now();
-  ParetoResult frontier = detail::pareto(graph, index, result.tags.policies, stages.mincut);
-  result.timings.mincut_seconds = seconds_since(stage);
+  ParetoResult frontier;
+  {
+    ScopedTimer timer(result.timings.mincut_seconds);
+    frontier = detail::pareto(graph, index, result.tags.policies, stages.mincut);
+  }
   Evaluation chosen;
   bool met = false, any = false;
   const std::vector<Policy>* fitting = nullptr;
   const RematOptions schedule = unit_schedule(result.scope);  // one copy of the unit map for every point
   SecondsCache seconds;
   for (const auto& point : frontier.points) {
-    Evaluation evaluation = evaluate_indexed(graph, index, point.policies, stages.cost, schedule, &seconds);
+    Evaluation evaluation = evaluate_indexed(graph, index, point.policies, stages.cost, schedule, &result.timings, &seconds);
     evaluation.lambda = point.lambda;
-    result.timings.remat_seconds += evaluation.remat_seconds;
-    result.timings.simulate_seconds += evaluation.simulate_seconds;
     if (evaluation.simulated_peak_bytes <= target) {
       chosen = std::move(evaluation);
       met = any = true;
@@ -290,17 +312,12 @@ Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& ind
     }
   }
   if (!any) {
-    chosen = evaluate_indexed(graph, index, result.tags.policies, stages.cost, schedule, &seconds);
-    result.timings.remat_seconds += chosen.remat_seconds;
-    result.timings.simulate_seconds += chosen.simulate_seconds;
+    chosen = evaluate_indexed(graph, index, result.tags.policies, stages.cost, schedule, &result.timings, &seconds);
   }
   if (met) {
     const double frontier_seconds = chosen.recompute_seconds;
-    auto descent_started = Clock::now();
-    const Descent descent =
-        descend_within_budget(graph, index, result.tags.policies, *fitting, target, stages.cost, schedule, seconds, chosen);
-    result.timings.remat_seconds += seconds_since(descent_started) - descent.simulate_seconds;
-    result.timings.simulate_seconds += descent.simulate_seconds;
+    const Descent descent = descend_within_budget(graph, index, result.tags.policies, *fitting, target, stages.cost,
+                                                  schedule, seconds, chosen, result.timings);
     if (descent.saved_again > 0 || descent.bounded)
       result.diagnostics.push_back(
           {Severity::Info, -1,
@@ -364,20 +381,15 @@ void compare_with_stock(const Graph& graph, const detail::NodeIndex& index, cons
                                   "', which is not a forward call_function node of the graph");
     stock[static_cast<std::size_t>(it->second)] = Policy::MustRecompute;
   }
-  const Evaluation scored = evaluate_indexed(graph, index, stock, cost, schedule);
-  // Every evaluation plan() runs is timed once: plan() adds the one it keeps.
-  result.timings.remat_seconds += scored.remat_seconds;
-  result.timings.simulate_seconds += scored.simulate_seconds;
+  const Evaluation scored = evaluate_indexed(graph, index, stock, cost, schedule, &result.timings);
   result.stats.stock_simulated_peak = scored.simulated_peak_bytes;
   if (evaluation.simulated_peak_bytes < scored.simulated_peak_bytes) return;
-  result.timings.remat_seconds += evaluation.remat_seconds;  // superseded below
-  result.timings.simulate_seconds += evaluation.simulate_seconds;
   std::vector<Policy> kept = result.tags.policies;
   for (Policy& policy : kept)
     if (policy == Policy::PreferRecompute) policy = Policy::PreferSave;
   const std::int64_t own_peak = evaluation.simulated_peak_bytes;
   const double lambda = evaluation.lambda;
-  evaluation = evaluate_indexed(graph, index, kept, cost, schedule);
+  evaluation = evaluate_indexed(graph, index, kept, cost, schedule, &result.timings);
   evaluation.lambda = lambda;
   result.stats.stock_fallback = true;
   result.diagnostics.push_back(
@@ -392,6 +404,7 @@ void compare_with_stock(const Graph& graph, const detail::NodeIndex& index, cons
 // fallback when its plan is not below stock's.
 RouteDecision decide_route(const PlanResult& result) {
   if (result.mode == Mode::Off) return {Route::Stock, "off"};
+  if (result.stats.scope == "no_units") return {Route::Stock, "no_units"};
   if (!result.remat.duplicates.empty()) return {Route::Rewrite, "recomputes"};
   if (result.stats.user_tagged > 0) return {Route::Rewrite, "user_tagged"};
   if (result.stats.stock_fallback) return {Route::Stock, "stock_not_worse"};
@@ -407,7 +420,7 @@ ScopeCheck check_scope(const Graph& graph, const PlanOptions& options) {
   if (options.config.mode == Mode::Off) return check;
   const StageOptions stages = stage_options(options.config, options.op_policy);  // the adapter checks
   if (!discover_units(graph).from_model) return check;  // units from module stacks: known after tracing
-  const Scope scope = resolve_scope(graph, stages.scope);  // layer selection, region / exclude patterns
+  const Scope scope = resolve_scope(graph, stages.scope);  // unit selection, region / exclude patterns
   check.checked = true;
   for (const auto& unit : scope.units) check.units.push_back(unit.fqn);
   check.regions = scope.regions;
@@ -437,58 +450,84 @@ StageOptions stage_options(const Config& config, const OpPolicyTable& op_policy)
 
 Evaluation evaluate(const Graph& graph, const std::vector<Policy>& policies, const CostOptions& cost,
                     const RematOptions& remat) {
-  return evaluate_indexed(graph, detail::NodeIndex(graph), policies, cost, remat);
+  return evaluate_indexed(graph, detail::NodeIndex(graph), policies, cost, remat, nullptr);
 }
 
-PlanResult plan(const Graph& graph, const PlanOptions& options) {
+namespace {
+
+// plan()'s stages, in order, into `result` (plan() times the whole).
+// A plan that changes nothing, routed to stock: mode off, or a graph without
+// units under PlanOptions::unitless_to_stock.
+void leave_unchanged(const Graph& graph, const PlanOptions& options, Diagnostic why, PlanResult& result) {
+  result.policies.assign(graph.nodes.size(), Policy::None);
+  result.tags = {};
+  result.tags.policies = result.policies;
+  result.tags.graph_id.assign(graph.nodes.size(), -1);
+  result.tags.reasons.assign(graph.nodes.size(), "");
+  result.remat = plan_remat(graph, result.policies);
+  result.diagnostics.push_back(std::move(why));
+  result.route = decide_route(result);
+  if (options.record_timeline) record_timeline(graph, result);
+}
+
+void run_plan(const Graph& graph, const PlanOptions& options, PlanResult& result) {
   const Config& config = options.config;
-  const auto started = Clock::now();
-  PlanResult result;
   result.mode = config.mode;
   result.policies.assign(graph.nodes.size(), Policy::None);
   if (config.mode == Mode::Off) {
-    result.tags.policies = result.policies;
-    result.tags.graph_id.assign(graph.nodes.size(), -1);
-    result.tags.reasons.assign(graph.nodes.size(), "");
-    result.remat = plan_remat(graph, result.policies);
-    result.diagnostics.push_back({Severity::Info, -1, "ac_mode is off: graph left unchanged"});
-    result.route = decide_route(result);
-    if (options.record_timeline) record_timeline(graph, result);
-    return result;
+    leave_unchanged(graph, options, {Severity::Info, -1, "ac_mode is off: graph left unchanged"}, result);
+    return;
   }
   StageOptions stages = stage_options(config, options.op_policy);
 
-  auto stage = Clock::now();
-  // Compact node facts, built once (counted in the scope stage): scope, tags,
-  // the memory estimates and every evaluation read them instead of the nodes.
-  const detail::NodeIndex index(graph);
-  result.scope = detail::resolve_scope(graph, index, stages.scope);
+  std::optional<detail::NodeIndex> built;
+  try {
+    ScopedTimer timer(result.timings.scope_seconds);
+    // Compact node facts, built once (counted in the scope stage): scope, tags,
+    // the memory estimates and every evaluation read them instead of the nodes.
+    built.emplace(graph);
+    result.scope = detail::resolve_scope(graph, *built, stages.scope);
+  } catch (const NoUnitsError& error) {
+    if (!options.unitless_to_stock) throw;
+    result.stats.scope = "no_units";
+    leave_unchanged(graph, options,
+                    {Severity::Warning, -1,
+                     std::string("this graph is left without activation checkpointing: ") + error.what() +
+                         " (it is partitioned as stock torch.compile does it)"},
+                    result);
+    return;
+  }
+  const detail::NodeIndex& index = *built;
   stages.mincut.charge_inputs = result.scope.whole_graph;
-  result.timings.scope_seconds = seconds_since(stage);
   for (const auto& note : result.scope.diagnostics) result.diagnostics.push_back(note);
   result.stats.units = result.scope.units.size();
   result.stats.selected_units = result.scope.selected_units.size();
   result.stats.scope = result.scope.whole_graph ? "whole_graph" : "units";
   result.stats.regions = result.scope.regions.size();
 
-  stage = Clock::now();
-  result.tags = detail::tag_policies(graph, index, result.scope, stages.tag);
-  result.timings.tag_seconds = seconds_since(stage);
+  {
+    ScopedTimer timer(result.timings.tag_seconds);
+    result.tags = detail::tag_policies(graph, index, result.scope, stages.tag);
+  }
   result.stats.user_tagged = result.tags.stats.user_tagged;
 
-  stage = Clock::now();
-  const SimulateResult before = detail::simulate_memory(graph, index, nullptr, {});
-  result.timings.simulate_seconds += seconds_since(stage);
+  SimulateResult before;
+  {
+    ScopedTimer timer(result.timings.simulate_seconds);
+    before = detail::simulate_memory(graph, index, nullptr, {});
+  }
   result.stats.simulated_peak_before = before.peak_bytes_with_resident;
   result.stats.simulated_activation_peak_before = before.peak_bytes;
 
   Evaluation evaluation;
   if (config.mode == Mode::Auto) {
-    stage = Clock::now();
-    MinCutResult cut = detail::solve_min_cut(graph, index, result.tags.policies, stages.mincut);
-    result.timings.mincut_seconds = seconds_since(stage);
+    MinCutResult cut;
+    {
+      ScopedTimer timer(result.timings.mincut_seconds);
+      cut = detail::solve_min_cut(graph, index, result.tags.policies, stages.mincut);
+    }
     for (const auto& note : cut.diagnostics) result.diagnostics.push_back(note);
-    evaluation = evaluate_indexed(graph, index, cut.policies, stages.cost, unit_schedule(result.scope));
+    evaluation = evaluate_indexed(graph, index, cut.policies, stages.cost, unit_schedule(result.scope), &result.timings);
     evaluation.lambda = cut.lambda;
     if (options.stock_recomputed)
       compare_with_stock(graph, index, *options.stock_recomputed, stages.cost, unit_schedule(result.scope), result,
@@ -496,11 +535,8 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
   } else if (config.mode == Mode::Budget) {
     evaluation = choose_within_budget(graph, index, config, stages, before, result);
   } else {
-    evaluation = evaluate_indexed(graph, index, result.tags.policies, stages.cost, unit_schedule(result.scope));
-  }
-  if (config.mode != Mode::Budget) {  // choose_within_budget counted its evaluations, this one among them
-    result.timings.remat_seconds += evaluation.remat_seconds;
-    result.timings.simulate_seconds += evaluation.simulate_seconds;
+    evaluation = evaluate_indexed(graph, index, result.tags.policies, stages.cost, unit_schedule(result.scope),
+                                  &result.timings);
   }
   result.stats.lambda = evaluation.lambda;
   result.stats.simulated_peak_after = evaluation.simulated_peak_bytes;
@@ -547,7 +583,16 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
              "cost here; mode auto keeps the lower of its plan and the stock partition"});
   result.route = decide_route(result);
   if (options.record_timeline) record_timeline(graph, result);
-  result.timings.total_seconds = seconds_since(started);
+}
+
+}  // namespace
+
+PlanResult plan(const Graph& graph, const PlanOptions& options) {
+  PlanResult result;
+  {
+    ScopedTimer timer(result.timings.total_seconds);
+    run_plan(graph, options, result);
+  }
   return result;
 }
 
@@ -561,7 +606,7 @@ std::vector<Evaluation> pareto(const Graph& graph, const PlanOptions& options) {
   const RematOptions schedule = unit_schedule(scope);
   SecondsCache seconds;
   for (const auto& point : frontier.points) {
-    points.push_back(evaluate_indexed(graph, index, point.policies, stages.cost, schedule, &seconds));
+    points.push_back(evaluate_indexed(graph, index, point.policies, stages.cost, schedule, nullptr, &seconds));
     points.back().lambda = point.lambda;
   }
   return points;

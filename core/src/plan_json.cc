@@ -344,8 +344,8 @@ void entry_fields(const Graph& graph, const PlanResult& result, std::vector<Fiel
                     }});
   fields.push_back({"redirects", [&, name](Out& o) {
                       array(o, result.remat.redirects, [&](Out& w, const Redirect& r) {
-                        w.put("{\"copy\":");
-                        w.integer(r.copy);
+                        w.put("{\"duplicate\":");
+                        w.integer(r.duplicate);
                         w.put(",\"input\":");
                         w.string(name(r.input));
                         w.put(",\"node\":");

@@ -5,7 +5,7 @@
 #include "hyper_ac/alias.h"
 #include "hyper_ac/saturate.h"
 #include "hyper_ac/simulate.h"
-#include "schedule.h"
+#include "indexed_stages.h"
 
 namespace hyper_ac {
 

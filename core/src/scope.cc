@@ -10,7 +10,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "schedule.h"
+#include "indexed_stages.h"
 #include "string_ids.h"
 
 namespace hyper_ac {
@@ -334,7 +334,7 @@ namespace {
 // One region, named "" (the root), over every forward node; exclusions still apply.
 Scope whole_graph_scope(const Graph& graph, const detail::NodeIndex& index, const ScopeOptions& options,
                         const std::string& why) {
-  if (options.layer_count || options.layer_indices)
+  if (options.unit_count || options.unit_indices)
     throw ScopeError("selection.layer_count / layer_indices select units, but the scope is the whole graph (" + why +
                      "); drop the selection or use scope: units");
   Scope scope;
@@ -394,26 +394,26 @@ Scope detail::resolve_scope(const Graph& graph, const NodeIndex& index, const Sc
                               : "the graph carries no live-model facts (serialise with model=...) and ";
       throw NoUnitsError("no units found: " + model +
                        "its module stacks show no container with two or more children of one module type; "
-                       "activation checkpointing cannot find the layers to checkpoint");
+                       "activation checkpointing cannot find the units (repeated blocks) to checkpoint");
     }
   }
 
   const auto unit_count = static_cast<std::int64_t>(scope.units.size());
-  if (options.layer_count && options.layer_indices)
+  if (options.unit_count && options.unit_indices)
     throw ScopeError("layer_count and layer_indices are both set; keep one");
-  if (options.layer_count) {
-    if (*options.layer_count < 0) throw ScopeError("layer_count must be >= 0, got " + std::to_string(*options.layer_count));
-    if (*options.layer_count > unit_count)
-      throw ScopeError("layer_count " + std::to_string(*options.layer_count) + " exceeds the " +
+  if (options.unit_count) {
+    if (*options.unit_count < 0) throw ScopeError("layer_count must be >= 0, got " + std::to_string(*options.unit_count));
+    if (*options.unit_count > unit_count)
+      throw ScopeError("layer_count " + std::to_string(*options.unit_count) + " exceeds the " +
                        std::to_string(unit_count) + " units found (at most " + std::to_string(unit_count) + ")");
-    for (std::int64_t i = 0; i < *options.layer_count; ++i) scope.selected_units.push_back(static_cast<std::int32_t>(i));
-  } else if (options.layer_indices) {
+    for (std::int64_t i = 0; i < *options.unit_count; ++i) scope.selected_units.push_back(static_cast<std::int32_t>(i));
+  } else if (options.unit_indices) {
     std::set<std::int64_t> seen;
-    for (std::int64_t index : *options.layer_indices) {
+    for (std::int64_t index : *options.unit_indices) {
       if (index < 0 || index >= unit_count)
-        throw ScopeError("layer index " + std::to_string(index) + " is out of range: " + std::to_string(unit_count) +
+        throw ScopeError("layer_indices: unit index " + std::to_string(index) + " is out of range: " + std::to_string(unit_count) +
                          " units found, valid indices are 0.." + std::to_string(unit_count - 1));
-      if (!seen.insert(index).second) throw ScopeError("layer index " + std::to_string(index) + " is listed twice");
+      if (!seen.insert(index).second) throw ScopeError("layer_indices: unit index " + std::to_string(index) + " is listed twice");
       scope.selected_units.push_back(static_cast<std::int32_t>(index));
     }
     std::sort(scope.selected_units.begin(), scope.selected_units.end());
@@ -428,7 +428,7 @@ Scope detail::resolve_scope(const Graph& graph, const NodeIndex& index, const Sc
   std::vector<ModuleFrame> universe;
   if (!options.include.empty() || !options.exclude.empty()) universe = module_universe(graph);
   if (selected_fqns.empty()) {
-    scope.diagnostics.push_back({Severity::Info, -1, "activation checkpoint layer selection matched zero layers; nothing is recomputed"});
+    scope.diagnostics.push_back({Severity::Info, -1, "activation checkpoint unit selection matched zero units; nothing is recomputed"});
   } else if (options.include.empty()) {
     scope.regions = selected_fqns;
   } else {
@@ -436,7 +436,7 @@ Scope detail::resolve_scope(const Graph& graph, const NodeIndex& index, const Sc
     scope.regions = outermost_matches(universe, selected_fqns, options.include, used);
     for (std::size_t p = 0; p < used.size(); ++p)
       if (!used[p])
-        throw ScopeError("region pattern '" + options.include[p] + "' matches no module inside the selected layers");
+        throw ScopeError("region pattern '" + options.include[p] + "' matches no module inside the selected units");
   }
 
   if (!options.exclude.empty()) {

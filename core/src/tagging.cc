@@ -4,7 +4,7 @@
 #include <string_view>
 #include <unordered_map>
 
-#include "schedule.h"
+#include "indexed_stages.h"
 
 namespace hyper_ac {
 

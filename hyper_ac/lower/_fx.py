@@ -1,12 +1,12 @@
 """FX graph edits the split and ``apply_plan`` make on large graphs, at less cost than ``fx.Graph``'s own.
 
-``copy_node``: copy an FX node into a graph without ``Graph.create_node``'s per-call overhead.
+``emit_node``: emit a node of one FX graph into another without ``Graph.create_node``'s per-call overhead.
 
 ``Graph.node_copy`` → ``create_node`` walks every argument with pytree to warn
 about raw SymInts (a third of the time of building a 50k-node module), and
 assigning ``node.meta`` goes through ``Node.__setattr__``, which re-files the
 node in the graph's lookup table. A node copied from a graph that already
-holds it needs neither: :func:`copy_node` does the rest of ``create_node``
+holds it needs neither: :func:`emit_node` does the rest of ``create_node``
 (a unique name, the node, the create-node hooks, the insertion, the lookup
 table, the length), with the same result. The graph internals it touches are
 checked against torch in tests/python/test_torch_compat.py; where one is
@@ -25,14 +25,14 @@ from typing import Any, Optional
 from torch import fx
 from torch.fx.immutable_collections import immutable_dict
 
-__all__ = ["copy_node", "copy_graph_module", "placeholder", "erase_node", "to_placeholder", "reset_graph"]
+__all__ = ["emit_node", "copy_graph_module", "placeholder", "erase_node", "to_placeholder", "reset_graph"]
 
 _Node = fx.Node
 _GRAPH_ATTRS = ("_graph_namespace", "_insert", "_find_nodes_lookup_table", "_len")
 
 
 def internals_present() -> bool:
-    """Whether this torch's ``fx.Graph`` has the internals :func:`copy_node` uses."""
+    """Whether this torch's ``fx.Graph`` has the internals :func:`emit_node` uses."""
     graph = fx.Graph()
     return all(hasattr(graph, a) for a in _GRAPH_ATTRS) and hasattr(_Node, "_prepend")
 
@@ -40,7 +40,7 @@ def internals_present() -> bool:
 _FAST = internals_present()
 
 
-def copy_node(graph: fx.Graph, node: fx.Node, args: tuple, kwargs: dict, *,
+def emit_node(graph: fx.Graph, node: fx.Node, args: tuple, kwargs: dict, *,
               before: Optional[fx.Node] = None, meta: Optional[dict] = None) -> fx.Node:
     """A copy of ``node`` (same op, target, name when free, type) in ``graph`` with
     ``args``/``kwargs`` already mapped to ``graph``'s nodes, at ``graph``'s insert
@@ -84,7 +84,7 @@ def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
     env: dict = {}
     get = env.__getitem__
     for node in gm.graph.nodes:
-        env[node] = copy_node(graph, node, fx.map_arg(node.args, get), fx.map_arg(node.kwargs, get))
+        env[node] = emit_node(graph, node, fx.map_arg(node.args, get), fx.map_arg(node.kwargs, get))
     return fx.GraphModule(gm, graph)
 
 

@@ -19,7 +19,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from hyper_ac import fx_meta
 from hyper_ac.planning import plan_doc
-from hyper_ac.lower._fx import copy_node
+from hyper_ac.lower._fx import emit_node
 from hyper_ac.lower._gc import paused_gc
 
 __all__ = ["apply_elided_copies", "apply_plan"]
@@ -75,10 +75,10 @@ def _apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], tag_only: bool, rec
     if tag_only:
         return gm
 
-    # Duplicates come in schedule order; a node may be copied once per replay
-    # segment. A copy reads the latest copy of each input made before it.
+    # Duplicates come in schedule order; a node may be duplicated once per replay
+    # segment. A duplicate reads the latest duplicate of each input made before it.
     duplicate_of: dict[fx.Node, fx.Node] = {}
-    copies: list[fx.Node] = []
+    duplicates: list[fx.Node] = []
     for index, entry in enumerate(plan["duplicates"]):
         original = node_named(entry["of"], "duplicate")
         before = node_named(entry["before"], "insertion point")
@@ -89,34 +89,34 @@ def _apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], tag_only: bool, rec
         def remap(arg: fx.Node, private: dict = private) -> fx.Node:
             return private.get(arg) or duplicate_of.get(arg, arg)
 
-        copy = copy_node(graph, original, map_arg(original.args, remap), map_arg(original.kwargs, remap),
-                         before=before)
-        fx_meta.mark_duplicate(copy, original.name, index)  # its index: the split names it so
-        duplicate_of[original] = copy
-        copies.append(copy)
-    changed += copies
+        duplicate = emit_node(graph, original, map_arg(original.args, remap), map_arg(original.kwargs, remap),
+                           before=before)
+        fx_meta.mark_duplicate(duplicate, original.name, index)  # its index: the split names it so
+        duplicate_of[original] = duplicate
+        duplicates.append(duplicate)
+    changed += duplicates
 
     for entry in plan["redirects"]:
         consumer = node_named(entry["node"], "redirect")
         original = node_named(entry["input"], "redirect")
         if original not in duplicate_of:
             raise ValueError(f"plan redirects '{consumer.name}' to a duplicate of '{original.name}', which was not made")
-        index = entry["copy"]
+        index = entry["duplicate"]
         if index < 0:
-            copy = duplicate_of[original]
-        elif index >= len(copies) or fx_meta.recomputed_from(copies[index]) != original.name:
-            raise ValueError(f"plan redirects '{consumer.name}' to copy #{index}, which is not a duplicate of "
+            duplicate = duplicate_of[original]
+        elif index >= len(duplicates) or fx_meta.recomputed_from(duplicates[index]) != original.name:
+            raise ValueError(f"plan redirects '{consumer.name}' to duplicate #{index}, which is not a duplicate of "
                              f"'{original.name}'")
         else:
-            copy = copies[index]
-        consumer.replace_input_with(original, copy)
+            duplicate = duplicates[index]
+        consumer.replace_input_with(original, duplicate)
         changed.append(consumer)
 
-    copies_of: dict[str, list[fx.Node]] = {}
-    for copy in copies:
-        copies_of.setdefault(fx_meta.recomputed_from(copy), []).append(copy)
+    duplicates_of: dict[str, list[fx.Node]] = {}
+    for duplicate in duplicates:
+        duplicates_of.setdefault(fx_meta.recomputed_from(duplicate), []).append(duplicate)
     for entry in plan.get("rng_replays", []):  # present only when non-empty
-        changed += _replay_random_op(gm, entry, node_named, copies_of)
+        changed += _replay_random_op(gm, entry, node_named, duplicates_of)
 
     for name in plan["erase"]:
         node = node_named(name, "erase")
@@ -143,7 +143,7 @@ _ORDERED = hasattr(fx.Node, "_sort_key")
 def _check_order(changed: list[fx.Node]) -> None:
     """What ``graph.lint()`` checks, for the nodes ``apply_plan`` made or rewired: each
     reads only nodes defined before it (a plan's insertion point before an input of its
-    duplicate, or a redirect to a copy made after its reader, would break this)."""
+    duplicate, or a redirect to a duplicate made after its reader, would break this)."""
     for node in changed:
         for arg in node._input_nodes:
             if not arg < node:
@@ -183,7 +183,7 @@ def _elide_copies(gm: fx.GraphModule, plan: Mapping[str, Any], by_name: Optional
 
 
 def _replay_random_op(gm: fx.GraphModule, entry: Mapping[str, Any], node_named: Any,
-                      copies_of: dict[str, list[fx.Node]]) -> list[fx.Node]:
+                      duplicates_of: dict[str, list[fx.Node]]) -> list[fx.Node]:
     """One plan ``rng_replays`` entry: the forward random op ``of`` runs under
     ``run_and_save_rng_state`` (same draw, same generator advance) and keeps its
     state as ``state``; each of its duplicates (one per replay segment) becomes
@@ -194,7 +194,7 @@ def _replay_random_op(gm: fx.GraphModule, entry: Mapping[str, Any], node_named: 
 
     graph = gm.graph
     original = node_named(entry["of"], "rng replay")
-    duplicates = copies_of.get(original.name, [])
+    duplicates = duplicates_of.get(original.name, [])
     if not duplicates:
         raise ValueError(f"plan replays random op '{original.name}', which has no duplicate")
     # The op's meta, less its value and its tag: these nodes run in the forward.

@@ -167,16 +167,10 @@ class _PartitionStep:
         # auto is never worse than stock: the core compares its plan with stock's on its simulator
         # (and skips the comparison on a graph the model tagged itself).
         baseline = stock_recomputed(joint, joint_inputs, **kwargs) if facts["compare_with_stock"] else None
-        try:
-            result = plan(joint, self.cfg, self.model, split=own_split, stock_recomputed=baseline,
-                          detail=self.detail)
-        except _core.NoUnitsError as error:
-            # With graph breaks, a piece of the step (say, only the loss) may hold
-            # no block at all: that piece is partitioned as stock does it.
-            warnings.warn(f"hyper_ac: this graph is left without activation checkpointing: {error} "
-                          "(it is partitioned as stock torch.compile does it)",
-                          stacklevel=2)
-            return stock_partition(joint, joint_inputs, **kwargs)
+        # With graph breaks, a piece of the step (say, only the loss) may hold no block:
+        # the core routes it to stock with a warning (route_reason no_units).
+        result = plan(joint, self.cfg, self.model, with_split=own_split, stock_recomputed=baseline,
+                      detail=self.detail, unitless_to_stock=True)
         result.report()
         if self.on_result is not None:
             self.on_result(result)
@@ -202,7 +196,7 @@ class _PartitionStep:
         # The partition builds fresh modules from the graph: no need to regenerate the joint's code.
         apply_plan(joint, plan_json, recompile=False)
         # The core's split: native builds the modules from it, torch hands its saved set to PyTorch's extraction.
-        return partition_joint(joint, joint_inputs, split=result.split, method=self.cfg.split, **kwargs)
+        return partition_joint(joint, joint_inputs, split=result.split, method=self.cfg.split_method, **kwargs)
 
 
 def _inductor_partitioner(step: _PartitionStep, key: str):

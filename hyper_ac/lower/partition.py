@@ -6,7 +6,7 @@ runs, and the plan's saved set is exactly the partition's.
 
 Two ways to split (config key ``split``, docs/config.md):
 
-- ``native`` (default): the core's split (``hyper_ac.plan(..., split=True)``,
+- ``native`` (default): the core's split (``hyper_ac.plan(..., with_split=True)``,
   ``core/include/hyper_ac/split.h``) names the nodes each module runs and the
   values the forward saves, in order; :func:`build_modules` copies the forward
   nodes of the rewritten graph into a new forward module and turns the graph
@@ -28,7 +28,7 @@ from torch import fx
 from torch._functorch import partitioners as _partitioners
 
 from hyper_ac import fx_meta
-from hyper_ac.lower._fx import copy_node, erase_node, placeholder, reset_graph, to_placeholder
+from hyper_ac.lower._fx import emit_node, erase_node, placeholder, reset_graph, to_placeholder
 from hyper_ac.lower._gc import paused_gc
 
 __all__ = ["saved_values", "partition_joint", "build_modules"]
@@ -91,7 +91,7 @@ def partition_joint(
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
     """The partition_fn contract of aot_autograd, for an already rewritten joint graph.
 
-    ``split``: the core's split of this graph (``hyper_ac.plan(..., split=True).split``).
+    ``split``: the core's split of this graph (``hyper_ac.plan(..., with_split=True).split``).
     ``method`` (config ``split``): ``native`` builds the modules from it (:func:`build_modules`),
     which consumes ``joint_module`` (its graph becomes the backward's); ``torch`` hands its saved
     values (``split["saved"]``, ``split["saved_symints"]``) to PyTorch's ``_extract_fwd_bwd_modules``
@@ -286,7 +286,7 @@ def _build_modules(joint_module: fx.GraphModule, split: Mapping[str, Any],
                 raise ValueError(f"node '{name}' of the rewritten graph is in neither module of the core's split "
                                  "(was the graph changed after apply_plan?)")
         try:
-            new = env_f[node] = copy_node(fwd, node, map_arg(node.args, get_f), map_arg(node.kwargs, get_f))
+            new = env_f[node] = emit_node(fwd, node, map_arg(node.args, get_f), map_arg(node.kwargs, get_f))
         except KeyError as error:
             raise ValueError(f"forward node '{name}' reads '{error.args[0]}', which the core's split does not "
                              "put in the forward module") from None

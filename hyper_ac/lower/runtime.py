@@ -34,7 +34,8 @@ from torch import fx
 from torch._C import DispatchKey
 from torch._prims import rng_prims
 
-__all__ = ["run_and_save_rng_state", "run_with_rng_state", "graphsafe_run_with_rng_state", "use_mode_safe_rng_ops"]
+__all__ = ["run_and_save_rng_state", "run_with_rng_state", "graphsafe_run_with_rng_state", "use_mode_safe_rng_ops",
+           "MODE_SAFE_RNG_OPS"]
 
 
 def _kernel(hop: Any):
@@ -66,7 +67,8 @@ def graphsafe_run_with_rng_state(op: Any, *args: Any, rng_state: Any = None, **k
     return _GRAPHSAFE_KERNEL(op, *args, rng_state=rng_state, **kwargs)
 
 
-_MODE_SAFE = {
+#: torch's random-op replay higher-order op -> the plain function here that stands for it.
+MODE_SAFE_RNG_OPS = {
     rng_prims.run_and_save_rng_state: run_and_save_rng_state,
     rng_prims.run_with_rng_state: run_with_rng_state,
     rng_prims.graphsafe_run_with_rng_state: graphsafe_run_with_rng_state,
@@ -79,7 +81,7 @@ def use_mode_safe_rng_ops(gm: fx.GraphModule) -> int:
     function of the same name here; returns the count. The caller recompiles."""
     count = 0
     for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in _MODE_SAFE:
-            node.target = _MODE_SAFE[node.target]
+        if node.op == "call_function" and node.target in MODE_SAFE_RNG_OPS:
+            node.target = MODE_SAFE_RNG_OPS[node.target]
             count += 1
     return count

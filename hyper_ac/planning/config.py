@@ -2,7 +2,7 @@
 
 YAML (or a dict) goes in; the C++ core validates it (unknown keys with a
 did-you-mean, wrong types, conflicts) and returns its canonical form. Model
-adapters (``RecomputePolicy``) supply region patterns for a model type.
+adapters (``ModelAdapter``) supply region patterns for a model type.
 
 The presets and the operator policy table ship inside the package
 (``hyper_ac/configs/``; the checkout's top-level ``configs`` links there):
@@ -33,7 +33,7 @@ ConfigError = _core.ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
-class RecomputePolicy:
+class ModelAdapter:
     """A model adapter's recompute regions.
 
     ``region_patterns``: fnmatch patterns over module FQNs; the outermost
@@ -50,30 +50,30 @@ class RecomputePolicy:
         for name in ("region_patterns", "exclude_patterns"):
             value = getattr(self, name)
             if isinstance(value, str) or not all(isinstance(p, str) and p for p in value):
-                raise TypeError(f"RecomputePolicy.{name} must be a list of non-empty strings, got {value!r}")
+                raise TypeError(f"ModelAdapter.{name} must be a list of non-empty strings, got {value!r}")
         if self.on_applied is not None and not callable(self.on_applied):
-            raise TypeError("RecomputePolicy.on_applied must be callable or None")
+            raise TypeError("ModelAdapter.on_applied must be callable or None")
 
 
-_ADAPTERS: dict[type, RecomputePolicy] = {}
+_ADAPTERS: dict[type, ModelAdapter] = {}
 # Models whose hook ran but that take no attribute (frozen / slotted): by id, for as long as they live.
 _HOOKED: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
-def register_adapter(model_type: type, policy: RecomputePolicy) -> None:
-    """Register ``policy`` for ``model_type`` (and its subclasses)."""
+def register_adapter(model_type: type, adapter: ModelAdapter) -> None:
+    """Register ``adapter`` for ``model_type`` (and its subclasses)."""
     if not isinstance(model_type, type):
         raise TypeError(f"register_adapter needs a class, got {model_type!r}")
-    if not isinstance(policy, RecomputePolicy):
-        raise TypeError(f"register_adapter needs a RecomputePolicy, got {type(policy).__name__}")
-    _ADAPTERS[model_type] = policy
+    if not isinstance(adapter, ModelAdapter):
+        raise TypeError(f"register_adapter needs a ModelAdapter, got {type(adapter).__name__}")
+    _ADAPTERS[model_type] = adapter
 
 
 def unregister_adapter(model_type: type) -> None:
     _ADAPTERS.pop(model_type, None)
 
 
-def adapter_for(model: Any) -> Optional[RecomputePolicy]:
+def adapter_for(model: Any) -> Optional[ModelAdapter]:
     """The adapter registered for the model's type (nearest class in its MRO)."""
     if model is None:
         return None
@@ -150,8 +150,8 @@ class Config:
         return Config(json.loads(_core.with_runner(self.to_json(), compiler)), self.source)
 
     @property
-    def split(self) -> str:
-        """``native`` (default): the backend builds the forward and backward modules from the
+    def split_method(self) -> str:
+        """Config key ``split``. ``native`` (default): the backend builds the forward and backward modules from the
         core's split; ``torch``: with PyTorch's ``_extract_fwd_bwd_modules`` (docs/config.md)."""
         return self.data["activation_checkpoint"]["split"]
 

@@ -95,7 +95,7 @@ class PassResult:
     plan_seconds: float = 0.0
     serialize_seconds: float = 0.0
     apply_seconds: float = 0.0
-    #: The core's forward/backward split of the rewritten graph (``plan(..., split=True)``;
+    #: The core's forward/backward split of the rewritten graph (``plan(..., with_split=True)``;
     #: docs/graph-format.md "Split document"), for ``partition_joint(..., split=...)``; else None.
     split: Optional[Mapping[str, Any]] = None
 
@@ -161,8 +161,9 @@ def _graph_json(graph: Union[fx.GraphModule, str, bytes, Mapping[str, Any]], mod
 
 
 def plan(graph: Union[fx.GraphModule, str, bytes, Mapping[str, Any]], config: Any, model: Any = None, *,
-         timeline: bool = False, split: bool = False,
-         stock_recomputed: Optional[Sequence[str]] = None, detail: bool = False) -> PassResult:
+         timeline: bool = False, with_split: bool = False,
+         stock_recomputed: Optional[Sequence[str]] = None, detail: bool = False,
+         unitless_to_stock: bool = False) -> PassResult:
     """The core's plan for a joint graph, without changing it: the one entry
     the pass, the CLI and the benchmark call.
 
@@ -175,7 +176,7 @@ def plan(graph: Union[fx.GraphModule, str, bytes, Mapping[str, Any]], config: An
     activation bytes per schedule step, ``plan["timeline"] = {"before": [...],
     "after": [...], "boundary_before": i, "boundary_after": j}`` (the last
     forward step of each schedule); without it the plan is unchanged.
-    ``split=True``: the result also carries the core's forward/backward split
+    ``with_split=True``: the result also carries the core's forward/backward split
     of the rewritten graph (``result.split``: the nodes each module runs, the
     saved values in order), what ``partition_joint(..., split=result.split)``
     builds the two modules from; the plan itself is unchanged.
@@ -189,13 +190,18 @@ def plan(graph: Union[fx.GraphModule, str, bytes, Mapping[str, Any]], config: An
     cheapest to read; ``True`` the full form, every tagged node's policy,
     region id and reason keyed by name. Both carry the same decisions
     (:mod:`hyper_ac.planning.plan_doc` reads either).
+    ``unitless_to_stock``: a graph in which no unit can be found gets a plan that changes
+    nothing, routed to stock (``route_reason`` ``no_units``) with a warning, instead of
+    ``NoUnitsError`` (what the backend asks: graph breaks may leave a piece without a block).
     """
     if not isinstance(timeline, bool):
         raise TypeError(f"hyper_ac.plan: timeline must be a bool, got {type(timeline).__name__}")
-    if not isinstance(split, bool):
-        raise TypeError(f"hyper_ac.plan: split must be a bool, got {type(split).__name__}")
+    if not isinstance(with_split, bool):
+        raise TypeError(f"hyper_ac.plan: with_split must be a bool, got {type(with_split).__name__}")
     if not isinstance(detail, bool):
         raise TypeError(f"hyper_ac.plan: detail must be a bool, got {type(detail).__name__}")
+    if not isinstance(unitless_to_stock, bool):
+        raise TypeError(f"hyper_ac.plan: unitless_to_stock must be a bool, got {type(unitless_to_stock).__name__}")
     if stock_recomputed is not None:
         if isinstance(stock_recomputed, str) or not all(isinstance(n, str) for n in stock_recomputed):
             raise TypeError("hyper_ac.plan: stock_recomputed must be a sequence of node names (str) or None")
@@ -206,14 +212,15 @@ def plan(graph: Union[fx.GraphModule, str, bytes, Mapping[str, Any]], config: An
         graph_json = _graph_json(graph, model, "plan")
         t1 = time.perf_counter()
         split_doc = None
-        if split:
+        if with_split:
             plan_text, split_text = _core.plan_split(graph_json, cfg.json_for(model), op_policy_json(),
                                                      timeline=timeline, stock_recomputed=stock_recomputed,
-                                                     detail=detail)
+                                                     detail=detail, unitless_to_stock=unitless_to_stock)
             split_doc = json.loads(split_text)
         else:
             plan_text = _core.plan(graph_json, cfg.json_for(model), op_policy_json(), timeline=timeline,
-                                   stock_recomputed=stock_recomputed, detail=detail)
+                                   stock_recomputed=stock_recomputed, detail=detail,
+                                   unitless_to_stock=unitless_to_stock)
         t2 = time.perf_counter()
         return PassResult(cfg.mode, json.loads(plan_text), plan_seconds=t2 - t1, serialize_seconds=t1 - t0,
                           split=split_doc)

@@ -10,7 +10,7 @@ TEST_CASE("parses the nested activation_checkpoint section", "[config]") {
       "regions": {"include": ["*.mlp"], "exclude": ["*.mlp.act"], "output_recompute": true},
       "save_forward_all_gather": true}})");
   CHECK(c.mode == Mode::Selective);
-  CHECK(*c.scope.layer_count == 2);
+  CHECK(*c.scope.unit_count == 2);
   CHECK(c.scope.include == std::vector<std::string>{"*.mlp"});
   CHECK(c.scope.exclude == std::vector<std::string>{"*.mlp.act"});
   CHECK(c.scope.output_recompute == std::vector<std::string>{"*"});
@@ -20,7 +20,7 @@ TEST_CASE("parses the nested activation_checkpoint section", "[config]") {
 TEST_CASE("parses the flat pass-config form", "[config]") {
   Config c = parse_config(R"({"ac_mode": "full", "ac_layer_indices": [0, 2], "ac_save_forward_all_gather": false})");
   CHECK(c.mode == Mode::Full);
-  CHECK(*c.scope.layer_indices == std::vector<std::int64_t>{0, 2});
+  CHECK(*c.scope.unit_indices == std::vector<std::int64_t>{0, 2});
 }
 
 TEST_CASE("reads YAML's unquoted off (false) as mode off", "[config]") {
@@ -73,7 +73,7 @@ TEST_CASE("config errors name the key", "[config][errors]") {
   }
   SECTION("bad layer selections") {
     CHECK_THROWS_WITH(parse_config(R"({"ac_layer_count": -1})"), Catch::Contains(">= 0"));
-    CHECK_THROWS_WITH(parse_config(R"({"ac_layer_indices": [1, 1]})"), Catch::Contains("duplicate layer index 1"));
+    CHECK_THROWS_WITH(parse_config(R"({"ac_layer_indices": [1, 1]})"), Catch::Contains("duplicate unit index 1"));
     CHECK_THROWS_WITH(parse_config(R"({"ac_layer_indices": [true]})"), Catch::Contains("boolean"));
   }
   SECTION("conflicting options") {

@@ -507,3 +507,33 @@ TEST_CASE("the plan carries its route and the reason", "[plan][route]") {
   CHECK(saves.route.route == Route::Stock);
   CHECK(saves.route.reason == "nothing_recomputed");
 }
+
+// A graph without units: an error of the plan, unless the caller (the
+// backend) asks for the stock route, which then comes with a warning.
+TEST_CASE("unitless_to_stock routes a graph without units to stock, with a warning", "[plan][route]") {
+  GraphBuilder b;  // cos(cos(x)): no module stacks, no units
+  b.placeholder("x", "input");
+  b.op("c1", "aten::cos.default", {"x"}).op("c2", "aten::cos.default", {"c1"});
+  b.placeholder("t", "tangent", 64, "backward");
+  b.bwd("s1", "aten::sin.default", {"c1"}).bwd("g1", "aten::mul.Tensor", {"t", "s1"})
+      .bwd("s0", "aten::sin.default", {"x"}).bwd("g0", "aten::mul.Tensor", {"g1", "s0"})
+      .output({"c2", "g0"});
+  const Graph graph = b.graph();
+  PlanOptions options;
+  options.op_policy = parse_op_policy(kTable);
+  options.config = parse_config(R"({"ac_mode": "full"})");
+  CHECK_THROWS_AS(plan(graph, options), NoUnitsError);
+  options.unitless_to_stock = true;
+  const PlanResult result = plan(graph, options);
+  CHECK(result.route.route == Route::Stock);
+  CHECK(result.route.reason == "no_units");
+  CHECK(result.stats.scope == "no_units");
+  CHECK(result.remat.duplicates.empty());
+  REQUIRE(result.diagnostics.size() == 1);
+  CHECK(result.diagnostics[0].severity == Severity::Warning);
+  CHECK_THAT(result.diagnostics[0].message, Catch::Contains("left without activation checkpointing: no units found"));
+  CHECK(plan_to_json(graph, result).find(R"("route":"stock","route_reason":"no_units")") != std::string::npos);
+  // A graph with units is planned as ever.
+  const Graph units = activation_heavy(2).graph();
+  CHECK(plan(units, options).route.reason == "recomputes");
+}

@@ -50,7 +50,7 @@ std::string reference_plan_json(const Graph& graph, const PlanResult& result, bo
   document["duplicates"] = duplicates;
   json redirects = json::array();
   for (const auto& r : result.remat.redirects)
-    redirects.push_back({{"node", name(r.node)}, {"input", name(r.input)}, {"copy", r.copy}});
+    redirects.push_back({{"node", name(r.node)}, {"input", name(r.input)}, {"duplicate", r.duplicate}});
   document["redirects"] = redirects;
   json erase = json::array();
   for (auto e : result.remat.erase) erase.push_back(name(e));

@@ -242,24 +242,24 @@ TEST_CASE("chained replays keep or replay unit outputs for the least simulated p
   std::map<std::int32_t, int> copies;
   for (const auto& d : c.remat.duplicates) ++copies[d.of];
   CHECK(std::any_of(copies.begin(), copies.end(), [](const auto& kv) { return kv.second > 1; }));
-  // Each redirect reads a copy of the node it names, placed before the reader.
+  // Each redirect reads a duplicate of the node it names, placed before the reader.
   for (const auto& r : c.remat.redirects) {
-    REQUIRE(r.copy >= 0);
-    CHECK(c.remat.duplicates[static_cast<std::size_t>(r.copy)].of == r.input);
-    CHECK(c.remat.duplicates[static_cast<std::size_t>(r.copy)].before <= r.node);
+    REQUIRE(r.duplicate >= 0);
+    CHECK(c.remat.duplicates[static_cast<std::size_t>(r.duplicate)].of == r.input);
+    CHECK(c.remat.duplicates[static_cast<std::size_t>(r.duplicate)].before <= r.node);
   }
   // Same graph, same plan.
   auto again = plan(g, chained);
   CHECK(plan_to_json(g, again) == plan_to_json(g, c));
 }
 
-TEST_CASE("a redirect naming a copy of another node is rejected", "[remat]") {
+TEST_CASE("a redirect naming a duplicate of another node is rejected", "[remat]") {
   Graph g = two_units().graph();
   PlanOptions o;
   o.config = parse_config(kFull);
   auto r = plan(g, o);
   RematPlan bad = r.remat;
   REQUIRE(bad.redirects.size() >= 1);
-  bad.redirects[0].copy = bad.redirects[0].copy == 0 ? 1 : 0;
+  bad.redirects[0].duplicate = bad.redirects[0].duplicate == 0 ? 1 : 0;
   CHECK_THROWS_AS(validate_plan(g, bad), PlanError);
 }

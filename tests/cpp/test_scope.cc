@@ -62,22 +62,22 @@ TEST_CASE("a live model without the marker falls back to the module stacks; Sequ
 TEST_CASE("layer selection", "[scope]") {
   auto g = two_units().graph();
   ScopeOptions o;
-  o.layer_count = 1;
+  o.unit_count = 1;
   CHECK(resolve_scope(g, o).regions == std::vector<std::string>{"layers.0"});
-  o.layer_count = 0;
+  o.unit_count = 0;
   Scope none = resolve_scope(g, o);
   CHECK(none.regions.empty());
   REQUIRE(none.diagnostics.size() == 1);
   CHECK(none.diagnostics[0].severity == Severity::Info);
-  CHECK(none.diagnostics[0].message.find("zero layers") != std::string::npos);
-  o.layer_count = 3;
+  CHECK(none.diagnostics[0].message.find("zero units") != std::string::npos);
+  o.unit_count = 3;
   CHECK_THROWS_WITH(resolve_scope(g, o), Catch::Contains("exceeds the 2 units"));
-  o.layer_count.reset();
-  o.layer_indices = std::vector<std::int64_t>{1};
+  o.unit_count.reset();
+  o.unit_indices = std::vector<std::int64_t>{1};
   CHECK(resolve_scope(g, o).regions == std::vector<std::string>{"layers.1"});
-  o.layer_indices = std::vector<std::int64_t>{2};
+  o.unit_indices = std::vector<std::int64_t>{2};
   CHECK_THROWS_WITH(resolve_scope(g, o), Catch::Contains("valid indices are 0..1"));
-  o.layer_indices = std::vector<std::int64_t>{-1};
+  o.unit_indices = std::vector<std::int64_t>{-1};
   CHECK_THROWS_WITH(resolve_scope(g, o), Catch::Contains("out of range"));
 }
 
@@ -282,6 +282,6 @@ TEST_CASE("whole-graph scope: auto/budget plan a graph without units as one regi
   options.rule = ScopeRule::WholeGraph;
   options.whole_graph_when_no_units = false;
   CHECK(resolve_scope(b.graph(), options).whole_graph);
-  options.layer_count = 1;
+  options.unit_count = 1;
   CHECK_THROWS_AS(resolve_scope(b.graph(), options), ScopeError);
 }

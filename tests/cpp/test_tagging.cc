@@ -85,7 +85,7 @@ TEST_CASE("layer selection narrows the tags", "[tagging][golden]") {
   CHECK(indices["mm1"] == "MUST_RECOMPUTE");
   auto zero = run(b, R"({"ac_mode": "full", "ac_layer_count": 0})");
   CHECK(policies(b, zero).empty());
-  CHECK(zero.diagnostics.at(0).message.find("zero layers") != std::string::npos);
+  CHECK(zero.diagnostics.at(0).message.find("zero units") != std::string::npos);
 }
 
 TEST_CASE("output_recompute exempts region outputs and chains adjacent replays", "[tagging][golden]") {

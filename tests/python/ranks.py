@@ -1,18 +1,23 @@
 """Running a test body on several gloo ranks (loopback): spawn, wait with a deadline, read each rank's report.
 
 Each worker is called as ``worker(rank, port, out_dir)`` and writes ``out_dir/rank<N>.json``
-(a dict; an ``"error"`` key carries a rank's traceback).
+(a dict; an ``"error"`` key carries a rank's traceback): :func:`rank_report` does that part.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import socket
 import time
+import traceback
+from datetime import timedelta
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 import pytest
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
@@ -40,3 +45,22 @@ def run_ranks(worker: Callable, out_dir: Path, world: int, timeout_s: float) -> 
     for report in reports:
         assert "error" not in report, f"rank {report['rank']} failed:\n{report['error']}"
     return reports
+
+
+@contextlib.contextmanager
+def rank_report(rank: int, port: int, out_dir: str, world: int, timeout_s: float, **fields: Any) -> Iterator[dict]:
+    """A worker's side: joins the gloo group on loopback and yields its report (``{"rank": rank, **fields}``);
+    after the body, a barrier. Whatever happens, the report is written (an exception's traceback under
+    ``"error"``, for the parent to fail the test with) and the group is left."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    report: dict = {"rank": rank, **fields}
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+        yield report
+        dist.barrier()
+    except BaseException:  # reported to the parent, which fails the test
+        report["error"] = traceback.format_exc()
+    finally:
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -142,7 +142,7 @@ def test_apply_plan_rejects_a_plan_out_of_order(what):
     else:
         # A redirect whose reader comes before the copy's insertion point, made to read that copy.
         redirect = plan["redirects"][0]
-        copy_index = redirect.get("copy", -1)
+        copy_index = redirect.get("duplicate", -1)
         if copy_index is None or copy_index < 0:  # the latest copy of the input
             copy_index = max(i for i, e in enumerate(plan["duplicates"]) if e["of"] == redirect["input"])
         entry = plan["duplicates"][copy_index]
@@ -154,7 +154,7 @@ def test_apply_plan_rejects_a_plan_out_of_order(what):
         assert reader is not None
         # Give the reader an input it can be redirected from: the redirected input itself.
         reader.args = (*reader.args, original)
-        plan["redirects"] = [*plan["redirects"], {**redirect, "node": reader.name, "copy": copy_index}]
+        plan["redirects"] = [*plan["redirects"], {**redirect, "node": reader.name, "duplicate": copy_index}]
         expected = f"'{reader.name}'"
     for recompile in (True, False):
         g = copy_module.deepcopy(gm) if recompile else gm

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hyper_ac.planning import config as hc
-from hyper_ac.planning.config import ConfigError, RecomputePolicy, load_config
+from hyper_ac.planning.config import ConfigError, ModelAdapter, load_config
 
 CONFIGS = hc.CONFIG_DIR  # hyper_ac/configs: package data
 
@@ -148,7 +148,7 @@ def test_adapter_registry_and_run_once_hook():
     class SubModel(Model):
         pass
 
-    policy = RecomputePolicy(["layers.*.mlp"], ["*.mlp.act"], on_applied=calls.append)
+    policy = ModelAdapter(["layers.*.mlp"], ["*.mlp.act"], on_applied=calls.append)
     hc.register_adapter(Model, policy)
     try:
         model = SubModel()
@@ -165,9 +165,9 @@ def test_adapter_registry_and_run_once_hook():
 
 def test_recompute_policy_validates_its_fields():
     with pytest.raises(TypeError, match="region_patterns"):
-        RecomputePolicy("layers.*")
+        ModelAdapter("layers.*")
     with pytest.raises(TypeError, match="on_applied"):
-        RecomputePolicy(["a"], on_applied=3)
+        ModelAdapter(["a"], on_applied=3)
 
 
 # Issue 14: YAML spellings of numbers JSON cannot carry, or that YAML 1.1 reads

@@ -21,16 +21,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import traceback
-from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from ranks import run_ranks
+from ranks import rank_report, run_ranks
 
 WORLD = 2
 MODES = ["off", "full", "selective", "auto", "budget"]
@@ -111,10 +107,7 @@ def _step(model, x, run=None):
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
-    report: dict = {"rank": rank, "modes": {}}
-    try:
-        dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=timedelta(seconds=60))
+    with rank_report(rank, port, out_dir, WORLD, 60, modes={}) as report:
         import copy
 
         import hyper_ac
@@ -147,13 +140,6 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                 entry["saved_collective"] = plan.get("stats", {}).get("saved_collective")
                 entry["stock_fallback"] = plan.get("stats", {}).get("stock_fallback", False)
             report["modes"][mode] = entry
-        dist.barrier()
-    except BaseException:  # reported to the parent, which fails the test
-        report["error"] = traceback.format_exc()
-    finally:
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def test_tensor_parallel_mlp_two_ranks_every_mode(tmp_path):

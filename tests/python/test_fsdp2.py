@@ -13,17 +13,13 @@ and, for the modes that plan, the peak CPU bytes of the step
 from __future__ import annotations
 
 import json
-import os
-import traceback
 import warnings
-from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from ranks import run_ranks
+from ranks import rank_report, run_ranks
 
 WORLD = 2
 RUNS = [("eager", "off"), ("eager", "full"), ("eager", "auto"), ("inductor", "full")]
@@ -70,10 +66,7 @@ def _step(model, tokens, backend, options=None):
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
-    report: dict = {"rank": rank, "runs": {}}
-    try:
-        dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=timedelta(seconds=120))
+    with rank_report(rank, port, out_dir, WORLD, 120, runs={}) as report:
         torch.set_num_threads(1)
         warnings.simplefilter("ignore")
         import copy
@@ -96,13 +89,6 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             report["runs"][f"{compiler}/{mode}"] = {
                 "same": bool(same), "peak": peak, "stock_peak": ref_peak, "planned": len(results),
                 "recomputed": sum(len(r.plan.get("duplicates", [])) for r in results)}
-        dist.barrier()
-    except BaseException:  # reported to the parent, which fails the test
-        report["error"] = traceback.format_exc()
-    finally:
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def test_fsdp2_two_ranks_hyper_ac_backend(tmp_path):

@@ -1,4 +1,4 @@
-"""hyper_ac.lower._fx.copy_node against torch's Graph.node_copy: the same graph, node for node."""
+"""hyper_ac.lower._fx.emit_node against torch's Graph.node_copy: the same graph, node for node."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from torch import fx
 
 from hyper_ac import models
-from hyper_ac.lower._fx import copy_node
+from hyper_ac.lower._fx import emit_node
 from hyper_ac.frontend.capture import capture_joint
 
 
@@ -28,13 +28,13 @@ def _copy_all(joint: fx.GraphModule, fast: bool) -> fx.Graph:
     get = env.__getitem__
     for node in joint.graph.nodes:
         if fast:
-            env[node] = copy_node(graph, node, fx.node.map_arg(node.args, get), fx.node.map_arg(node.kwargs, get))
+            env[node] = emit_node(graph, node, fx.node.map_arg(node.args, get), fx.node.map_arg(node.kwargs, get))
         else:
             env[node] = graph.node_copy(node, get)
     return graph
 
 
-def test_copy_node_builds_what_node_copy_builds(joint):
+def test_emit_node_builds_what_node_copy_builds(joint):
     fast, ref = _copy_all(joint, True), _copy_all(joint, False)
     assert _described(fast) == _described(ref)
     assert len(fast.nodes) == len(ref.nodes) == len(joint.graph.nodes)
@@ -47,19 +47,19 @@ def test_copy_node_builds_what_node_copy_builds(joint):
     assert fx.GraphModule(joint, fast).code == fx.GraphModule(joint, ref).code
 
 
-def test_copy_node_before_a_node_and_a_taken_name():
+def test_emit_node_before_a_node_and_a_taken_name():
     graph = fx.Graph()
     x = graph.placeholder("x")
     y = graph.call_function(torch.relu, (x,))
     graph.output(y)
-    copy = copy_node(graph, y, (x,), {}, before=y, meta={"k": 1})
+    copy = emit_node(graph, y, (x,), {}, before=y, meta={"k": 1})
     assert [n.name for n in graph.nodes] == ["x", "relu_1", "relu", "output"]  # a fresh name, before y
     assert copy.meta == {"k": 1} and copy in graph.find_nodes(op="call_function", target=torch.relu)
     assert len(graph.nodes) == 4
     graph.lint()
 
 
-def test_copy_node_runs_the_create_node_hooks():
+def test_emit_node_runs_the_create_node_hooks():
     gm = fx.symbolic_trace(torch.nn.ReLU())
     seen: list = []
 
@@ -69,6 +69,6 @@ def test_copy_node_runs_the_create_node_hooks():
 
     gm._register_create_node_hook(hook)
     relu = next(n for n in gm.graph.nodes if n.op == "call_function")
-    copy = copy_node(gm.graph, relu, relu.args, {}, before=relu)
+    copy = emit_node(gm.graph, relu, relu.args, {}, before=relu)
     assert seen == [copy.name]
     assert "by_hook" not in copy.meta  # as node_copy: the copied meta replaces what a hook wrote

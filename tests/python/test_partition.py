@@ -25,7 +25,7 @@ import hyper_ac.lower.partition as partition
 from hyper_ac import _core, models
 from hyper_ac.frontend.capture import capture_joint
 from hyper_ac.frontend.op_facts import HIGHER_ORDER_NAMESPACE, target_name
-from hyper_ac.lower.runtime import _MODE_SAFE
+from hyper_ac.lower.runtime import MODE_SAFE_RNG_OPS
 
 
 def _twin(gm: fx.GraphModule) -> fx.GraphModule:
@@ -41,7 +41,7 @@ def _twin(gm: fx.GraphModule) -> fx.GraphModule:
 # Once the eager compiler has compiled a module, its random-op replays call
 # hyper_ac.lower.runtime's plain functions instead of torch's higher-order ops
 # (a later step than the split): count them as the op they stand for.
-_HOP_OF = {plain: hop for hop, plain in _MODE_SAFE.items()}
+_HOP_OF = {plain: hop for hop, plain in MODE_SAFE_RNG_OPS.items()}
 
 
 def _target(n: fx.Node) -> str:
@@ -233,8 +233,8 @@ def test_split_torch_option_uses_torchs_split(monkeypatch):
 
 def test_split_config_key():
     cfg = hyper_ac.planning.config.load_config({"activation_checkpoint": {"mode": "full", "split": "torch"}})
-    assert cfg.split == "torch"
-    assert hyper_ac.planning.config.load_config({"ac_mode": "full"}).split == "native"
+    assert cfg.split_method == "torch"
+    assert hyper_ac.planning.config.load_config({"ac_mode": "full"}).split_method == "native"
     # The canonical form writes the default out (the core's option table; issue 23).
     assert hyper_ac.planning.config.load_config({"ac_mode": "full"}).data["activation_checkpoint"]["split"] == "native"
     with pytest.raises(ValueError, match="unknown split 'fast'"):
@@ -271,7 +271,7 @@ def test_split_honours_lazy_codegen(split_kind):
     built = {}
     for lazy in (True, False):
         gm = _twin(cap.graph_module)
-        result = hyper_ac.plan(gm, {"ac_mode": "full"}, split=True)
+        result = hyper_ac.plan(gm, {"ac_mode": "full"}, with_split=True)
         apply_plan(gm, result.plan, recompile=False)
         with _use_lazy_graph_module(lazy):
             built[lazy] = partition.partition_joint(gm, None, num_fwd_outputs=cap.num_fwd_outputs,

@@ -455,7 +455,7 @@ def _layer_norms(gm) -> int:
 
 @pytest.fixture
 def hooked_adapter():
-    from hyper_ac.planning.config import RecomputePolicy, register_adapter, unregister_adapter
+    from hyper_ac.planning.config import ModelAdapter, register_adapter, unregister_adapter
 
     calls = []
 
@@ -463,7 +463,7 @@ def hooked_adapter():
         calls.append(model)
         model.norm = nn.Identity()
 
-    register_adapter(_HookedTransformer, RecomputePolicy(["layers.*.mlp"], on_applied=drop_final_norm))
+    register_adapter(_HookedTransformer, ModelAdapter(["layers.*.mlp"], on_applied=drop_final_norm))
     try:
         yield calls
     finally:
@@ -474,7 +474,7 @@ def hooked_adapter():
 @pytest.mark.parametrize("config, error, match", [
     ({"ac_region_source": "model_adapter_safe_regions"}, hyper_ac.planning.config.ConfigError, "no model adapter"),
     ({"ac_layer_count": 3}, _core.ScopeError, "layer_count 3 exceeds the 2 units"),
-    ({"ac_layer_indices": [0, 5]}, _core.ScopeError, r"layer index 5 is out of range.*0\.\.1"),
+    ({"ac_layer_indices": [0, 5]}, _core.ScopeError, r"unit index 5 is out of range.*0\.\.1"),
     ({"ac_regions": {"include": ["*.feed_forward"]}}, _core.ScopeError, r"'\*\.feed_forward' matches no module"),
     ({"ac_regions": {"exclude": ["*.experts"]}}, _core.ScopeError, r"exclude pattern '\*\.experts' matches no module"),
 ])

@@ -101,22 +101,36 @@ def _compute() -> dict:
     return out
 
 
+def _leaves(tree: dict, prefix: tuple = ()):
+    """``("graph × config[ × part]", value)`` for every leaf of a fixture."""
+    for key, value in sorted(tree.items()):
+        if isinstance(value, dict):
+            yield from _leaves(value, (*prefix, key))
+        else:
+            yield " × ".join((*prefix, key)), value
+
+
+def _check_fixture(path: Path, actual: dict, update: bool, env: str, what: str) -> bool:
+    """Rewrite ``path`` from ``actual`` when updating (returns True); else fail naming every
+    graph × config (× part) whose value differs from the recorded one."""
+    if update:
+        path.write_text(json.dumps(actual, indent=1, sort_keys=True) + "\n")
+        return True
+    if not path.exists():
+        pytest.fail(f"{path} is missing: run with {env}=1 to create it", pytrace=False)
+    expected = json.loads(path.read_text())
+    assert set(actual) == set(expected), "the graph list changed"
+    want, got = dict(_leaves(expected)), dict(_leaves(actual))
+    changed = [f"{label}: {want.get(label)} -> {got.get(label)}" for label in sorted(set(want) | set(got))
+               if want.get(label) != got.get(label)]
+    assert not changed, f"{what} changed ({env}=1 rewrites {path.name}):\n" + "\n".join(changed)
+    return False
+
+
 def test_plans_are_byte_identical():
     actual = _compute()
-    if UPDATE:
-        HASHES.write_text(json.dumps(actual, indent=1, sort_keys=True) + "\n")
+    if _check_fixture(HASHES, actual, UPDATE, "HYPER_AC_UPDATE_GOLDEN", "plans"):
         return
-    if not HASHES.exists():
-        pytest.fail(f"{HASHES} is missing: run with HYPER_AC_UPDATE_GOLDEN=1 to create it", pytrace=False)
-    expected = json.loads(HASHES.read_text())
-    assert set(actual) == set(expected), "the graph list changed"
-    changed = [
-        f"{graph} × {cfg}: {expected[graph].get(cfg)} -> {value}"
-        for graph, by_cfg in sorted(actual.items())
-        for cfg, value in sorted(by_cfg.items())
-        if expected[graph].get(cfg) != value
-    ]
-    assert not changed, "plans changed (HYPER_AC_UPDATE_GOLDEN=1 rewrites the hashes):\n" + "\n".join(changed)
     # Not vacuous: most pairs plan; an all-error table would hide nothing.
     planned = sum(not v.startswith("error:") for by_cfg in actual.values() for v in by_cfg.values())
     assert planned >= len(actual) * len(MODE_CONFIGS)
@@ -140,7 +154,7 @@ def _decisions(core, graph: str, config, model) -> dict:
     parts = {
         "policies": policies,
         "duplicates": [[d["of"], d["before"]] for d in plan["duplicates"]],
-        "redirects": [[r["node"], r["input"], r["copy"]] for r in plan["redirects"]],
+        "redirects": [[r["node"], r["input"], r["duplicate"]] for r in plan["redirects"]],
         "erase": plan["erase"],
         "saved": plan["saved"],
         "rng_replays": [r["of"] for r in plan.get("rng_replays", [])],
@@ -161,21 +175,8 @@ def test_plan_decisions_are_unchanged():
     configs = _configs()
     actual = {label: {key: _decisions(core, graph, cfg, model) for key, cfg in configs.items()}
               for label, graph, model in _graphs()}
-    if UPDATE_DECISIONS:
-        DECISIONS.write_text(json.dumps(actual, indent=1, sort_keys=True) + "\n")
+    if _check_fixture(DECISIONS, actual, UPDATE_DECISIONS, "HYPER_AC_UPDATE_DECISIONS", "plan decisions"):
         return
-    if not DECISIONS.exists():
-        pytest.fail(f"{DECISIONS} is missing: run with HYPER_AC_UPDATE_DECISIONS=1 to create it", pytrace=False)
-    expected = json.loads(DECISIONS.read_text())
-    assert set(actual) == set(expected), "the graph list changed"
-    changed = [
-        f"{graph} × {cfg} {part}: {expected[graph].get(cfg, {}).get(part)} -> {value}"
-        for graph, by_cfg in sorted(actual.items())
-        for cfg, parts in sorted(by_cfg.items())
-        for part, value in sorted(parts.items())
-        if expected[graph].get(cfg, {}).get(part) != value
-    ]
-    assert not changed, "plan decisions changed:\n" + "\n".join(changed)
     # Not vacuous: both routes occur, and most pairs plan and duplicate something.
     routes = {parts.get("route") for by_cfg in actual.values() for parts in by_cfg.values()}
     assert {"rewrite", "stock"} <= routes

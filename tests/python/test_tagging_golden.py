@@ -277,7 +277,7 @@ def test_layer_selection(rule, selection, selected):
 
 def test_adapter_regions():
     model, gm = tiny_transformer()
-    policy = config.RecomputePolicy(region_patterns=["layers.*"], exclude_patterns=["*.self_attn"])
+    policy = config.ModelAdapter(region_patterns=["layers.*"], exclude_patterns=["*.self_attn"])
     config.register_adapter(models.TinyTransformer, policy)
     try:
         p = plan(

@@ -407,13 +407,13 @@ def test_pass_and_backend_apis():
     assert isinstance(select_decomp_table(), dict)
 
 
-def test_graph_internals_copy_node_uses():
-    """hyper_ac.lower._fx.copy_node builds nodes as create_node does, from these internals."""
+def test_graph_internals_emit_node_uses():
+    """hyper_ac.lower._fx.emit_node builds nodes as create_node does, from these internals."""
     from torch.fx._lazy_graph_module import _LazyGraphModule, _make_graph_module, _use_lazy_graph_module
 
     from hyper_ac.lower import _fx
 
-    assert _fx.internals_present(), "fx.Graph internals changed: copy_node falls back to create_node"
+    assert _fx.internals_present(), "fx.Graph internals changed: emit_node falls back to create_node"
     graph = torch.fx.Graph()
     x = graph.placeholder("x")
     assert callable(graph._graph_namespace.create_name) and callable(graph._graph_namespace.associate_name_with_obj)

@@ -119,7 +119,7 @@ struct Config {
   // categories it names replace those of the default table.
   std::string op_policy_override;
   MinCutConfig mincut;
-  // Region patterns from a model adapter's RecomputePolicy (hyper_ac.config
+  // Region patterns from a registered ModelAdapter (hyper_ac.config
   // fills them from the live model's type). Used when selection.source is
   // model_adapter_safe_regions, or when no regions.include is configured.
   std::vector<std::string> adapter_include;

@@ -39,13 +39,19 @@ struct PlanOptions {
   // loader elided) are skipped. Unset (the default): no comparison, and the
   // plan JSON does not change.
   std::optional<std::vector<std::string>> stock_recomputed;
+  // A graph in which no unit can be found (NoUnitsError) gets a plan that
+  // changes nothing, routed to stock (route_reason `no_units`) with a warning
+  // naming why, instead of the error. For a compiler backend: a piece of a
+  // step that graph breaks cut off (say, only the loss) may hold no block.
+  bool unitless_to_stock = false;
 };
 
 struct PlanStats {
   std::size_t regions = 0;
   std::size_t units = 0;
   std::size_t selected_units = 0;
-  std::string scope = "units";               // "units" or "whole_graph" (one region over the whole forward)
+  std::string scope = "units";               // "units", "whole_graph" (one region over the whole forward) or
+                                             // "no_units" (none found, routed to stock: unitless_to_stock)
   std::size_t user_tagged = 0;               // nodes whose policy the model's own checkpointing set
   double lambda = 0.0;                       // min-cut modes: the λ of the chosen cut
   std::int64_t simulated_peak_before = 0;    // bytes, original graph
@@ -108,7 +114,8 @@ const char* to_string(Route route);  // "rewrite", "stock"
 struct RouteDecision {
   Route route = Route::Stock;
   // Why, as a stable word (plan JSON "route_reason"):
-  //   stock:   "off" (mode off), "stock_not_worse" (auto's plan is not below
+  //   stock:   "off" (mode off), "no_units" (no unit in the graph, under
+  //            PlanOptions::unitless_to_stock), "stock_not_worse" (auto's plan is not below
   //            the stock partition's simulated peak), "nothing_recomputed"
   //            (no duplicate, and the model tagged no node itself);
   //   rewrite: "recomputes" (the plan duplicates nodes), "user_tagged" (none,
@@ -151,7 +158,7 @@ PlanResult plan(const Graph& graph, const PlanOptions& options);
 // live model's facts (no nodes), so a config that cannot fit the model fails
 // before anything traces it (hyper_ac.prepare_activation_checkpoint).
 struct ScopeCheck {
-  // Whether the layer selection and the region / exclude patterns were
+  // Whether the unit selection (selection.layer_*) and the region / exclude patterns were
   // checked: only when the units come from the model (the
   // gradient_checkpointing marker); from module stacks they are known only
   // once a graph exists. Mode off checks nothing.
@@ -205,7 +212,7 @@ Evaluation score_recompute_set(const Graph& graph, const std::vector<std::int32_
 // The plan document's format version (docs/graph-format.md, "Plan document";
 // the graph format has its own). Readers refuse any other. 2: the compact
 // form next to the full one (whose bytes are version 1's but for this number).
-inline constexpr int kPlanFormatVersion = 2;
+inline constexpr int kPlanFormatVersion = 3;
 
 // How the plan document is written (plan_json.cc). Either form goes straight
 // to its output in the format's canonical byte order (keys sorted at every

@@ -18,19 +18,20 @@ class PlanError : public std::logic_error {
   using std::logic_error::logic_error;
 };
 
-// One recomputed copy. A node may be copied more than once (once per replay
-// segment, see plan_remat); a copy's inputs read the latest copy of each
-// recomputed input emitted before it (duplicates are in schedule order), or
+// One duplicate: a recomputed forward node inserted into the backward. A node
+// may be duplicated more than once (once per replay segment, see plan_remat);
+// a duplicate's inputs read the latest duplicate of each recomputed input
+// emitted before it (duplicates are in schedule order), or
 // the original when the input is not recomputed.
 struct Duplicate {
-  std::int32_t of = -1;      // forward node copied
-  std::int32_t before = -1;  // backward node the copy is inserted in front of
+  std::int32_t of = -1;      // forward node duplicated
+  std::int32_t before = -1;  // backward node the duplicate is inserted in front of
 };
 
 struct Redirect {
   std::int32_t node = -1;   // backward consumer
   std::int32_t input = -1;  // recomputed original it now reads through a duplicate
-  std::int32_t copy = -1;   // index into RematPlan::duplicates of that duplicate; -1 = the latest one before `node`
+  std::int32_t duplicate = -1;  // index into RematPlan::duplicates; -1 = the latest duplicate of `input` before `node`
 };
 
 struct RematStats {

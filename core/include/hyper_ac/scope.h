@@ -43,10 +43,12 @@ struct ScopeOptions {
   // instead of raising NoUnitsError, unless regions.include names modules (then
   // those modules are the regions). Set by the plan for auto/budget.
   bool whole_graph_when_no_units = false;
-  // Leading prefix of the flattened unit list to select; unset = all units.
-  std::optional<std::int64_t> layer_count;
-  // Exact flattened unit indices to select; unset = all. Never both.
-  std::optional<std::vector<std::int64_t>> layer_indices;
+  // Leading prefix of the flattened unit list to select; unset = all units
+  // (config key selection.layer_count).
+  std::optional<std::int64_t> unit_count;
+  // Exact flattened unit indices to select; unset = all. Never both
+  // (config key selection.layer_indices).
+  std::optional<std::vector<std::int64_t>> unit_indices;
   // fnmatch patterns over module FQNs; the outermost matches inside selected
   // units become regions. Empty = each selected unit is one region.
   std::vector<std::string> include;
@@ -70,7 +72,7 @@ struct Scope {
   bool units_from_model = false;  // live-model facts vs module-stack discovery
   // One region over the whole forward (no units were found, or the config asked for it).
   bool whole_graph = false;
-  std::vector<Diagnostic> diagnostics;  // e.g. "layer selection matched zero layers"
+  std::vector<Diagnostic> diagnostics;  // e.g. "unit selection matched zero units"
 };
 
 // The units of a graph and which rule found them.
