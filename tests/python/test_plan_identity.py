@@ -29,6 +29,8 @@ meant to change decisions, and say which in the commit message.
 
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 import json
 import os
@@ -78,27 +80,39 @@ def _graphs():
         yield f"json:{name}", (DATA / f"{name}.json").read_text(), None
 
 
-def _plan_hash(core, graph: str, config, model) -> str:
-    from hyper_ac.planning import plan_doc
+@functools.lru_cache(maxsize=None)
+def _plans() -> dict:
+    """``{graph label: {config key: (full plan, graph, config JSON) or "error:<type>"}}``, planned once for
+    both fixtures (the type only of an error: messages may be reworded)."""
     from hyper_ac.planning.config import ConfigError, load_config, op_policy_json
 
-    try:
-        cfg_json = load_config(config).json_for(model)
-        plan = json.loads(core.plan(graph, cfg_json, op_policy_json(), detail=True))  # the full form
-    except (ValueError, RuntimeError, ConfigError) as error:
-        return f"error:{type(error).__name__}"  # the type only: messages may be reworded
+    core = core_module()
+    out: dict = {}
+    for label, graph, model in _graphs():
+        out[label] = {}
+        for key, config in _configs().items():
+            try:
+                cfg_json = load_config(config).json_for(model)
+                plan = json.loads(core.plan(graph, cfg_json, op_policy_json(), detail=True))  # the full form
+            except (ValueError, RuntimeError, ConfigError) as error:
+                out[label][key] = f"error:{type(error).__name__}"
+                continue
+            out[label][key] = (plan, graph, cfg_json)
+    return out
+
+
+def _plan_hash(planned) -> str:
+    if isinstance(planned, str):
+        return planned
+    plan = copy.deepcopy(planned[0])
     for diagnostic in plan["diagnostics"]:
         diagnostic.pop("message")  # the decisions, not their wording
     return hashlib.sha256(json.dumps(plan, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _compute() -> dict:
-    core = core_module()
-    configs = _configs()
-    out: dict = {}
-    for label, graph, model in _graphs():
-        out[label] = {key: _plan_hash(core, graph, cfg, model) for key, cfg in configs.items()}
-    return out
+    return {label: {key: _plan_hash(planned) for key, planned in by_cfg.items()}
+            for label, by_cfg in _plans().items()}
 
 
 def _leaves(tree: dict, prefix: tuple = ()):
@@ -140,16 +154,14 @@ def _digest(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
-def _decisions(core, graph: str, config, model) -> dict:
+def _decisions(core, planned) -> dict:
     """The plan's decisions, part by part (each as a short digest), and its frontier's."""
     from hyper_ac.planning import plan_doc
-    from hyper_ac.planning.config import ConfigError, load_config, op_policy_json
+    from hyper_ac.planning.config import ConfigError, op_policy_json
 
-    try:
-        cfg_json = load_config(config).json_for(model)
-        plan = json.loads(core.plan(graph, cfg_json, op_policy_json()))
-    except (ValueError, RuntimeError, ConfigError) as error:
-        return {"error": type(error).__name__}
+    if isinstance(planned, str):
+        return {"error": planned.removeprefix("error:")}
+    plan, graph, cfg_json = planned
     policies = dict(plan_doc.policies(plan))  # {name: POLICY} whichever form the plan is in
     parts = {
         "policies": policies,
@@ -172,9 +184,8 @@ def _decisions(core, graph: str, config, model) -> dict:
 def test_plan_decisions_are_unchanged():
     """Every decision of every plan (model × config) is the one recorded from the code before a restructure."""
     core = core_module()
-    configs = _configs()
-    actual = {label: {key: _decisions(core, graph, cfg, model) for key, cfg in configs.items()}
-              for label, graph, model in _graphs()}
+    actual = {label: {key: _decisions(core, planned) for key, planned in by_cfg.items()}
+              for label, by_cfg in _plans().items()}
     if _check_fixture(DECISIONS, actual, UPDATE_DECISIONS, "HYPER_AC_UPDATE_DECISIONS", "plan decisions"):
         return
     # Not vacuous: both routes occur, and most pairs plan and duplicate something.
