@@ -4,9 +4,11 @@ BUILD_DIR := build/py
 SOURCES := $(shell find core bindings cli tests/cpp -name '*.cc' -o -name '*.h' -o -name '*.cmake' 2>/dev/null) CMakeLists.txt pyproject.toml hyper_ac/configs/op_policy.yaml
 STAMP := $(BUILD_DIR)/.installed
 
-.PHONY: all deps build demo test test-cpp test-python test-sanitize fuzz fuzz-coverage fuzz-long bench clean
+.PHONY: all deps build demo test test-cpp test-python sanitize-build test-sanitize fuzz fuzz-coverage bench clean
 
-# Sanitizer and fuzz builds: clang, their own build dirs, no Python modules.
+# One clang build (no Python modules) serves the sanitized tests and the fuzz
+# target: ASan + UBSan everywhere, libFuzzer's coverage instrumentation too, so
+# the core is compiled once for both. The fuzz run's corpus and findings go to FUZZ_DIR.
 SANITIZE_DIR := build/sanitize
 FUZZ_DIR := build/fuzz
 FUZZ_SECONDS ?= 60
@@ -36,10 +38,12 @@ test-python: build
 	$(PYTHON) -m pytest tests/python
 
 # ASan + UBSan (-fno-sanitize-recover: the first report fails the test).
-test-sanitize:
+sanitize-build:
 	@bash scripts/install-deps.sh
-	CXX=clang++ cmake -S . -B $(SANITIZE_DIR) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DHYPER_AC_SANITIZE=ON >/dev/null
+	CXX=clang++ cmake -S . -B $(SANITIZE_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHYPER_AC_FUZZ=ON >/dev/null
 	cmake --build $(SANITIZE_DIR) -j $(JOBS)
+
+test-sanitize: sanitize-build
 	ASAN_OPTIONS=halt_on_error=1:detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	  ctest --test-dir $(SANITIZE_DIR) --output-on-failure
 
@@ -47,15 +51,12 @@ test-sanitize:
 # run of FUZZ_SECONDS over tests/fuzz/corpus (read recursively: its rejected/
 # seeds too); new inputs go to build/fuzz/corpus, a finding to build/fuzz/crash-*
 # (and fails the target).
-fuzz:
-	@bash scripts/install-deps.sh
-	CXX=clang++ cmake -S . -B $(FUZZ_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHYPER_AC_FUZZ=ON -DHYPER_AC_BUILD_TESTS=OFF >/dev/null
-	cmake --build $(FUZZ_DIR) -j $(JOBS) --target fuzz_plan
+fuzz: sanitize-build
 	mkdir -p $(FUZZ_DIR)/corpus
-	$(FUZZ_DIR)/fuzz_plan -seed=1 -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 -max_len=$(FUZZ_MAX_LEN) \
+	$(SANITIZE_DIR)/fuzz_plan -seed=1 -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 -max_len=$(FUZZ_MAX_LEN) \
 	  -dict=tests/fuzz/json.dict -artifact_prefix=$(FUZZ_DIR)/ -print_final_stats=1 \
 	  $(FUZZ_DIR)/corpus tests/fuzz/corpus
-	$(FUZZ_DIR)/fuzz_plan -runs=0 tests/fuzz/regressions/fixed
+	$(SANITIZE_DIR)/fuzz_plan -runs=0 tests/fuzz/regressions/fixed
 
 # The same run with clang's source-based coverage (build/fuzzcov): llvm-cov's
 # line coverage of core/src (docs/testing.md, "Fuzz coverage"). Not in `make test`.
