@@ -148,16 +148,10 @@ def build_batch(name: str, spec: ModelSpec) -> dict:
 
 
 def _loss_of(out: Any):
-    import torch
+    """The loss of a model's output (hyper_ac.memory.loss_of, the one owner)."""
+    from hyper_ac.memory import loss_of
 
-    if isinstance(out, torch.Tensor):
-        return out
-    loss = getattr(out, "loss", None)
-    if loss is None and isinstance(out, dict):
-        loss = out.get("loss")
-    if loss is None:
-        raise ValueError(f"model output {type(out).__name__} carries no loss")
-    return loss
+    return loss_of(out)
 
 
 # --------------------------------------------------------------------------

@@ -149,24 +149,29 @@ def run_strategy(name: str, strategy: str, opts: StepOptions) -> tuple[dict, Opt
         hooks = (torch.autograd.graph.saved_tensors_hooks(lambda t: (probe.record([t]), t)[1], lambda t: t)
                  if strategy in EAGER else contextlib.nullcontext())
         probe.saved.clear()
-        tracker = memory.track() if memory.is_available() else None
-        # Every strategy's measured step draws the same random numbers (models with dropout).
-        torch.manual_seed(_MEASURED_STEP_SEED)
-        with (tracker if tracker is not None else contextlib.nullcontext()):
+
+        def forward() -> Any:
             probe.recording = True
             with hooks:
                 out = fn(**batch)
-                loss = _loss_of(out)
             probe.recording = False
-            retained = tracker.current_bytes if tracker is not None else None
+            return out
+
+        # Every strategy's measured step draws the same random numbers (models with dropout).
+        torch.manual_seed(_MEASURED_STEP_SEED)
+        if memory.is_available():
             # The model's outputs (logits) stay alive through the backward, as the
-            # joint graph returns them and the core's simulator assumes.
+            # joint graph returns them and the core's simulator assumes (hyper_ac.memory.measure_step).
+            measured = memory.measure_step(forward)
+            loss, row["peak_bytes"], row["fwd_retained_bytes"] = measured.loss, measured.peak_bytes, measured.forward_bytes
+        else:
+            out = forward()
+            loss = _loss_of(out)
             loss.backward()
             del out
-        loss = loss.detach()
+            loss = loss.detach()
+            row["peak_bytes"] = row["fwd_retained_bytes"] = None
         grads = _grads(model)
-        row["peak_bytes"] = tracker.peak_bytes if tracker is not None else None
-        row["fwd_retained_bytes"] = retained
         row["saved_bytes"] = probe.saved_bytes
         row["saved_tensors"] = len(probe.saved)
 

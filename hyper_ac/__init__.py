@@ -23,6 +23,7 @@ _LAZY = {
     "PassPipeline": ("hyper_ac.planning.pipeline", "PassPipeline"),
     "prepare_activation_checkpoint": ("hyper_ac.planning.passes", "prepare_activation_checkpoint"),
     "validate_for_model": ("hyper_ac.planning.passes", "validate_for_model"),
+    "fit": ("hyper_ac.lower.fit", "fit"),
     "load_config": ("hyper_ac.planning.config", "load_config"),
     "pareto": ("hyper_ac.planning.passes", "pareto"),
     "plan": ("hyper_ac.planning.passes", "plan"),

@@ -27,7 +27,7 @@ See docs/memory.md for how it works and what it does not see.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch  # loads libc10 before the extension needs it
 import torch.fx
@@ -42,8 +42,11 @@ else:
 
 __all__ = [
     "NodeMemory",
+    "StepMemory",
     "TrackingInterpreter",
     "is_available",
+    "loss_of",
+    "measure_step",
     "run_graph",
     "track",
 ]
@@ -233,3 +236,45 @@ def run_graph(gm: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> tuple[Any,
     t = track()
     out = t.run_graph(gm, *args, **kwargs)
     return out, t
+
+
+def loss_of(out: Any) -> torch.Tensor:
+    """The loss of a model's output: the tensor itself, or its ``loss`` attribute / key (HF outputs)."""
+    if isinstance(out, torch.Tensor):
+        return out
+    loss = getattr(out, "loss", None)
+    if loss is None and isinstance(out, dict):
+        loss = out.get("loss")
+    if loss is None:
+        raise ValueError(f"model output {type(out).__name__} carries no loss")
+    return loss
+
+
+class StepMemory(NamedTuple):
+    """One measured training step (:func:`measure_step`), bytes relative to the step's start.
+
+    ``peak_bytes``: the step's peak. ``forward_bytes``: live when the forward
+    returned (what it keeps for the backward, its outputs included).
+    ``loss``: the step's loss, detached.
+    """
+
+    peak_bytes: int
+    forward_bytes: int
+    loss: torch.Tensor
+
+
+def measure_step(forward: Callable[[], Any]) -> StepMemory:
+    """Run one training step, ``out = forward()`` then ``loss_of(out).backward()``, under :class:`track`.
+
+    The output stays alive through the backward (as a loop that keeps ``outputs``
+    does, and as the joint graph's simulation assumes). What existed before the
+    step (parameters, the batch, gradients already allocated) is not counted:
+    clear ``.grad`` first to count the gradients the step allocates.
+    """
+    with track() as t:
+        out = forward()
+        loss = loss_of(out)
+        forward_bytes = t.current_bytes
+        loss.backward()
+        del out
+    return StepMemory(t.peak_bytes, forward_bytes, loss.detach())
