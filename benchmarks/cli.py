@@ -133,12 +133,16 @@ def _run_frontier(args: argparse.Namespace, argv: list[str], spec: ModelSpec, mo
 
     started = time.perf_counter()
     log(f"frontier: {len(models)} model(s), {spec}, {args.paired_rounds} paired rounds per point")
-    rows = run_frontier(models, StepOptions(spec, paired_rounds=args.paired_rounds), log, args.frontier_systems)
     meta = {**base_meta(argv, commit, load), "spec": dataclasses.asdict(spec), "quick": args.quick,
             "models": list(models), "systems": list(args.frontier_systems or FRONTIER_SYSTEMS),
-            "threads": torch.get_num_threads(), "paired_rounds": args.paired_rounds,
-            "total_seconds": time.perf_counter() - started}
-    write_frontier(out_dir, meta, rows, plots=not (args.no_plots or args.quick), log=log)
+            "threads": torch.get_num_threads(), "paired_rounds": args.paired_rounds}
+
+    def write(rows: list) -> None:  # after each model: a run cut short keeps the models it finished
+        meta["models_done"] = list(dict.fromkeys(r["model"] for r in rows))
+        meta["total_seconds"] = time.perf_counter() - started
+        write_frontier(out_dir, meta, [dict(r) for r in rows], plots=not (args.no_plots or args.quick), log=log)
+
+    run_frontier(models, StepOptions(spec, paired_rounds=args.paired_rounds), log, args.frontier_systems, on_model=write)
     log(f"wrote {out_dir}/results.md ({meta['total_seconds']:.0f} s)")
 
 

@@ -84,16 +84,21 @@ def _wrap_blocks(model: Any, context_fn: Optional[Callable] = None) -> None:
 
 def _compile_blocks(model: Any, backend: Any = "inductor") -> Any:
     """torchtitan's per-block compile: each block compiled on its own (``Module.compile``,
-    fullgraph), the rest of the model eager. ``backend``: a name, or a factory per block."""
+    fullgraph), the rest of the model eager. ``backend``: one for every block (identical blocks then
+    share one compiled graph, as under torchtitan)."""
     for block in block_list(model):
-        block.compile(backend=backend() if callable(backend) else backend, fullgraph=True)
+        block.compile(backend=backend, fullgraph=True)
     return model
 
 
-def _whole(model: Any, backend: Any = "inductor") -> Any:
+def _whole(model: Any, backend: Any = None) -> Any:
+    """Whole-model compile; by default Inductor as ``compile_fx`` itself: what
+    ``backend="inductor"`` runs, but a backend object dynamo does not take for stock's. Stock's
+    paired copy (a new instance of the same class) would otherwise reuse this point's graph."""
     import torch
+    from torch._inductor.compile_fx import compile_fx
 
-    return torch.compile(model, backend=backend, fullgraph=True)
+    return torch.compile(model, backend=compile_fx if backend is None else backend, fullgraph=True)
 
 
 def sac_save_list() -> set:
@@ -159,7 +164,7 @@ def _hac(config_of: Callable[[Any, dict, Optional[int]], dict], per_block: bool)
     def make(model: Any, batch: dict, stock_peak: Optional[int]) -> Callable:
         config = config_of(model, batch, stock_peak)
         if per_block:
-            return _compile_blocks(model, lambda: hyper_ac.backend(config, compiler="inductor"))
+            return _compile_blocks(model, hyper_ac.backend(config, compiler="inductor"))
         return _whole(model, hyper_ac.backend(config, model=model, compiler="inductor"))
 
     return make
@@ -178,7 +183,7 @@ def points(model_name: str, model: Any) -> list[Point]:
     """Every point of one model (``model``: a built instance, to see what it supports)."""
     import torch._functorch.config as functorch_config
 
-    out = [Point("stock", "whole compile", lambda m, b, p: _whole(m)),
+    out = [Point("stock", "whole compile", lambda m, b, p: _whole(m, "inductor")),
            Point("stock", "per-block compile", lambda m, b, p: _compile_blocks(m))]
     out += [Point("torch_budget", f"{f:.1f}", lambda m, b, p: _whole(m),
                   functools.partial(functorch_config.patch, activation_memory_budget=f)) for f in TORCH_BUDGETS]
@@ -253,8 +258,10 @@ def measure_point(name: str, point: Point, opts: StepOptions, stock_peak: Option
 
 
 def run_frontier(models: Sequence[str], opts: StepOptions, log: Callable[[str], None],
-                 systems: Optional[Sequence[str]] = None) -> list[dict]:
-    """Every point of every model; a failing point records its error and the run goes on.
+                 systems: Optional[Sequence[str]] = None,
+                 on_model: Optional[Callable[[list], None]] = None) -> list[dict]:
+    """Every point of every model; a failing point records its error and the run goes on;
+    ``on_model(rows so far)`` after each model (so a cut-short run keeps its finished models).
     The first point (stock, whole compile) is the reference: its peak sizes hyper_ac's
     byte budgets, its gradients are the allclose reference."""
     rows: list[dict] = []
@@ -279,4 +286,6 @@ def run_frontier(models: Sequence[str], opts: StepOptions, log: Callable[[str], 
             log(f"  {name} {point.system} {point.point}: "
                 + (f"peak {row['peak_bytes'] / 2**20:.2f} MiB, step ×{row.get('paired_step_ratio', float('nan')):.3f}, "
                    f"{row['wall_seconds']:.0f} s" if row["status"] == "ok" else row["error"]))
+        if on_model is not None:
+            on_model(rows)
     return rows

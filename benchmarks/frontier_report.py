@@ -146,7 +146,9 @@ def render_frontier_markdown(meta: dict, rows: list[dict]) -> str:
     out += provenance_header(meta) + [""]
     out += [f"Models at {spec.get('layers')} layers, hidden {spec.get('hidden')}, seq {spec.get('seq')}, batch "
             f"{spec.get('batch')}, dropout {spec.get('dropout', 0.0)}, fp32, {meta.get('threads', '?')} torch thread(s), "
-            f"{meta.get('paired_rounds', '?')} paired rounds per point.", "", INTRO, ""]
+            f"{meta.get('paired_rounds', '?')} paired rounds per point. Models measured: "
+            f"{', '.join(meta.get('models_done', meta.get('models', [])))} (of {', '.join(meta.get('models', []))} asked).",
+            "", INTRO, ""]
     models = list(dict.fromkeys(r["model"] for r in rows))
     out += ["## Least memory per system", ""] + [least_memory_line(m, rows) for m in models] + [""]
     for m in models:
