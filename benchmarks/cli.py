@@ -137,7 +137,7 @@ def _run_frontier(args: argparse.Namespace, argv: list[str], spec: ModelSpec, mo
             "models": list(models), "systems": list(args.frontier_systems or FRONTIER_SYSTEMS),
             "threads": torch.get_num_threads(), "paired_rounds": args.paired_rounds}
 
-    def write(rows: list) -> None:  # after each model: a run cut short keeps the models it finished
+    def write(rows: list) -> None:  # after each point: a run cut short keeps what it measured
         meta["models_done"] = list(dict.fromkeys(r["model"] for r in rows))
         meta["total_seconds"] = time.perf_counter() - started
         write_frontier(out_dir, meta, [dict(r) for r in rows], plots=not (args.no_plots or args.quick), log=log)

@@ -202,7 +202,17 @@ def points(model_name: str, model: Any) -> list[Point]:
     for mode in HAC_MODES:
         out += [Point("hyper_ac", mode, _hac(lambda m, b, p, mode=mode: hac_config(mode), False)),
                 Point("hyper_ac_block", mode, _hac(lambda m, b, p, mode=mode: hac_config(mode), True))]
-    return out
+    return sorted(out, key=_priority)  # stable: each system keeps its own order
+
+
+def _priority(point: Point) -> int:
+    """Measuring order, most telling first (a run cut short keeps those): stock, hyper_ac's modes,
+    torchtitan's and HF's checkpointing, hyper_ac's budgets, PyTorch's budgets, then per-block hyper_ac."""
+    order = [("stock", "whole compile"), ("hyper_ac", "full"), ("hyper_ac", "auto"), ("checkpoint_wrapper", None),
+             ("sac", None), ("hf_ckpt", None), ("hyper_ac", "output_recompute"), ("hyper_ac_block", "full"),
+             ("hyper_ac_block", "auto"), ("hyper_ac", None), ("torch_budget", None), ("stock", None),
+             ("hyper_ac_block", None)]
+    return next(i for i, (system, name) in enumerate(order) if point.system == system and name in (None, point.point))
 
 
 # --------------------------------------------------------------------------
@@ -261,7 +271,7 @@ def run_frontier(models: Sequence[str], opts: StepOptions, log: Callable[[str], 
                  systems: Optional[Sequence[str]] = None,
                  on_model: Optional[Callable[[list], None]] = None) -> list[dict]:
     """Every point of every model; a failing point records its error and the run goes on;
-    ``on_model(rows so far)`` after each model (so a cut-short run keeps its finished models).
+    ``on_model(rows so far)`` after each point (so a run cut short keeps what it measured).
     The first point (stock, whole compile) is the reference: its peak sizes hyper_ac's
     byte budgets, its gradients are the allclose reference."""
     rows: list[dict] = []
@@ -286,6 +296,6 @@ def run_frontier(models: Sequence[str], opts: StepOptions, log: Callable[[str], 
             log(f"  {name} {point.system} {point.point}: "
                 + (f"peak {row['peak_bytes'] / 2**20:.2f} MiB, step ×{row.get('paired_step_ratio', float('nan')):.3f}, "
                    f"{row['wall_seconds']:.0f} s" if row["status"] == "ok" else row["error"]))
-        if on_model is not None:
-            on_model(rows)
+            if on_model is not None:
+                on_model(rows)
     return rows
