@@ -43,6 +43,7 @@ from benchmarks.step import StepOptions, run_pareto, run_step_benchmark
 from benchmarks.scaling import run_scaling
 from benchmarks.report import STEP_COLUMNS, _write_csv, render_markdown, render_plots
 from benchmarks.provenance import code_commit, machine_load
+from benchmarks.frontier import SYSTEMS as FRONTIER_SYSTEMS
 
 #: The committed results (results.md, CSVs, plots) a full run writes.
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -73,7 +74,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--paired-rounds", type=int, default=10,
                         help="inductor_* cells: rounds of interleaved stock/strategy steps for the step-time ratio "
                              "(median of per-round ratios); 0 reports the ratio of sequential medians")
-    parser.add_argument("--parts", nargs="+", default=["step", "scaling"], choices=["step", "scaling"])
+    parser.add_argument("--parts", nargs="+", default=["step", "scaling"], choices=["step", "scaling", "frontier"],
+                        help="step, scaling (the default pair) and/or frontier (issue 24: every memory knob under "
+                             "Inductor against hyper_ac; writes OUT/frontier/, or OUT itself when it is the only part "
+                             "and --out is given)")
+    parser.add_argument("--frontier-systems", nargs="+", default=None, choices=FRONTIER_SYSTEMS, metavar="S",
+                        help=f"frontier part: the systems to measure besides stock (default: all of "
+                             f"{' '.join(FRONTIER_SYSTEMS)})")
     parser.add_argument("--captured-layers", nargs="+", type=int, default=None)
     parser.add_argument("--synthetic-layers", nargs="+", type=int, default=None)
     parser.add_argument("--core-nodes", type=int, default=None)
@@ -92,6 +99,51 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     if args.paired_rounds < 0:
         parser.error(f"--paired-rounds must be >= 0, got {args.paired_rounds}")
     return args
+
+
+def base_meta(argv: list[str], commit: str, load: str) -> dict:
+    """The provenance every run's meta.json starts with (command, commit, date, machine, load, versions)."""
+    import torch
+
+    try:
+        import transformers
+
+        tf_version = transformers.__version__
+    except ImportError:  # pragma: no cover
+        tf_version = "-"
+    return {
+        "command": "python -m benchmarks " + " ".join(argv),
+        "commit": commit,
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPU threads, {platform.python_implementation()} "
+                   f"{platform.python_version()}",
+        "load": load,
+        "torch": torch.__version__,
+        "transformers": tf_version,
+    }
+
+
+def _run_frontier(args: argparse.Namespace, argv: list[str], spec: ModelSpec, models: tuple, out_dir: Path,
+                  commit: str, load: str, log) -> None:
+    """The frontier part (benchmarks.frontier) into ``out_dir``: results.md, frontier.csv, plots, meta.json."""
+    import torch
+
+    from benchmarks.frontier import run_frontier
+    from benchmarks.frontier_report import write_frontier
+
+    started = time.perf_counter()
+    log(f"frontier: {len(models)} model(s), {spec}, {args.paired_rounds} paired rounds per point")
+    meta = {**base_meta(argv, commit, load), "spec": dataclasses.asdict(spec), "quick": args.quick,
+            "models": list(models), "systems": list(args.frontier_systems or FRONTIER_SYSTEMS),
+            "threads": torch.get_num_threads(), "paired_rounds": args.paired_rounds}
+
+    def write(rows: list) -> None:  # after each point: a run cut short keeps what it measured
+        meta["models_done"] = list(dict.fromkeys(r["model"] for r in rows))
+        meta["total_seconds"] = time.perf_counter() - started
+        write_frontier(out_dir, meta, [dict(r) for r in rows], plots=not (args.no_plots or args.quick), log=log)
+
+    run_frontier(models, StepOptions(spec, paired_rounds=args.paired_rounds), log, args.frontier_systems, on_model=write)
+    log(f"wrote {out_dir}/results.md ({meta['total_seconds']:.0f} s)")
 
 
 def output_dir(args: argparse.Namespace) -> Path:
@@ -156,6 +208,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not memory.is_available():
         log("hyper_ac._memory is not built: peak memory columns stay empty")
 
+    if "frontier" in args.parts:
+        frontier_dir = out_dir if args.out is not None and args.parts == ["frontier"] else out_dir / "frontier"
+        _run_frontier(args, argv, spec, models, frontier_dir, commit, load, log)
+        if args.parts == ["frontier"]:
+            torch.set_num_threads(threads_before)
+            return 0  # gradients are reported there, not asserted
+
     step_rows: list[dict] = []
     pareto: dict = {}
     if "step" in args.parts:
@@ -181,21 +240,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             if os.environ.get("HYPER_AC_BENCH_TRACEBACK"):
                 traceback.print_exc()
 
-    try:
-        import transformers
-
-        tf_version = transformers.__version__
-    except ImportError:  # pragma: no cover
-        tf_version = "-"
-    meta = {
-        "command": "python -m benchmarks " + " ".join(argv),
-        "commit": commit,
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPU threads, {platform.python_implementation()} "
-                   f"{platform.python_version()}",
-        "load": load,
-        "torch": torch.__version__,
-        "transformers": tf_version,
+    meta = {**base_meta(argv, commit, load),
         "spec": dataclasses.asdict(spec),
         "quick": args.quick,
         "models": list(models),

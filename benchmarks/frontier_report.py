@@ -1,0 +1,218 @@
+"""The frontier part's figures: ratios to stock, dominance, hyper_ac's frontier line,
+the Markdown page, the CSV and one plot per model (pure but for the plot and the files)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from benchmarks.common import MiB
+from benchmarks.frontier import HAC_SYSTEMS
+from benchmarks.report import _md_table, _mib, _write_csv, provenance_header
+
+#: A point is weakly dominated by a hyper_ac point with peak <= PEAK_TOL x its peak and step <= STEP_TOL x its step.
+PEAK_TOL = 1.01
+STEP_TOL = 1.03
+NOT_DOMINATED = "not dominated"
+
+FRONTIER_COLUMNS = ["model", "system", "point", "status", "error", "peak_bytes", "peak_ratio", "step_ratio",
+                    "paired_step_ratio_q1", "paired_step_ratio_q3", "paired_step_seconds", "paired_stock_step_seconds",
+                    "paired_rounds", "dominated_by", "grads_allclose", "max_grad_diff", "compile_seconds",
+                    "wall_seconds"]
+
+
+def label(row: dict) -> str:
+    return f"{row['system']} {row['point']}"
+
+
+def _ok(row: dict) -> bool:
+    return row.get("status") == "ok" and row.get("peak_ratio") is not None and row.get("step_ratio") is not None
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """Per model: peak / stock's peak (stock = the first ``stock whole compile`` row) and the
+    step ratio (the paired median of per-round ratios to stock)."""
+    stock = {r["model"]: r for r in rows if r["system"] == "stock" and r["point"] == "whole compile"
+             and r.get("status") == "ok"}
+    for r in rows:
+        base = stock.get(r["model"])
+        if r.get("status") != "ok" or base is None or not base.get("peak_bytes"):
+            continue
+        r["peak_ratio"] = r["peak_bytes"] / base["peak_bytes"]
+        r["step_ratio"] = r.get("paired_step_ratio")
+
+
+def dominates(hac: dict, other: dict, peak_tol: float = PEAK_TOL, step_tol: float = STEP_TOL) -> bool:
+    """Weak dominance with tolerances: hyper_ac's peak <= peak_tol x and step <= step_tol x the other's."""
+    return hac["peak_ratio"] <= peak_tol * other["peak_ratio"] and hac["step_ratio"] <= step_tol * other["step_ratio"]
+
+
+def add_dominance(rows: list[dict]) -> None:
+    """``dominated_by`` of every measured non-hyper_ac row: the dominating hyper_ac point of the
+    same model with the least peak (ties: the faster), or ``not dominated``."""
+    for r in rows:
+        if r["system"] in HAC_SYSTEMS or not _ok(r):
+            continue
+        hac = [h for h in rows if h["model"] == r["model"] and h["system"] in HAC_SYSTEMS and _ok(h)
+               and dominates(h, r)]
+        best = min(hac, key=lambda h: (h["peak_ratio"], h["step_ratio"]), default=None)
+        r["dominated_by"] = NOT_DOMINATED if best is None else label(best)
+
+
+def frontier_line(rows: list[dict]) -> list[dict]:
+    """The non-dominated points among ``rows`` (no other is at least as good on both peak and
+    step and better on one), ordered by step ratio: hyper_ac's frontier."""
+    pts = [r for r in rows if _ok(r)]
+
+    def beaten(r: dict) -> bool:
+        return any(o["peak_ratio"] <= r["peak_ratio"] and o["step_ratio"] <= r["step_ratio"]
+                   and (o["peak_ratio"], o["step_ratio"]) != (r["peak_ratio"], r["step_ratio"]) for o in pts)
+
+    line = [r for r in pts if not beaten(r)]
+    unique = {(r["peak_ratio"], r["step_ratio"]): r for r in line}  # equal points: one stands for them
+    return sorted(unique.values(), key=lambda r: (r["step_ratio"], r["peak_ratio"]))
+
+
+def _least(rows: list[dict]) -> Optional[dict]:
+    return min((r for r in rows if _ok(r)), key=lambda r: (r["peak_ratio"], r["step_ratio"]), default=None)
+
+
+def least_memory_line(model: str, rows: list[dict]) -> str:
+    """hyper_ac's least-memory point against every other system's least-memory point."""
+    mine = [r for r in rows if r["model"] == model]
+    hac = _least([r for r in mine if r["system"] in HAC_SYSTEMS])
+    if hac is None:
+        return f"- {model}: no hyper_ac point measured."
+    parts, below_all = [], True
+    for system in dict.fromkeys(r["system"] for r in mine if r["system"] not in HAC_SYSTEMS):
+        other = _least([r for r in mine if r["system"] == system])
+        if other is None:
+            continue
+        below_all &= hac["peak_ratio"] <= other["peak_ratio"]
+        parts.append(f"{label(other)} {other['peak_ratio']:.3f}× at {other['step_ratio']:.2f}× step")
+    verdict = "at or below every other system's" if below_all else "**above** at least one other system's"
+    return (f"- {model}: hyper_ac's least memory, {label(hac)}, {hac['peak_ratio']:.3f}× stock's peak at "
+            f"{hac['step_ratio']:.2f}× its step, is {verdict} least-memory point: " + "; ".join(parts) + ".")
+
+
+def _ratio(x: Any, digits: int = 3) -> str:
+    return "–" if x is None else f"{x:.{digits}f}×"
+
+
+def _step_cell(r: dict) -> str:
+    if r.get("step_ratio") is None:
+        return "–"
+    q1, q3 = r.get("paired_step_ratio_q1"), r.get("paired_step_ratio_q3")
+    return f"{r['step_ratio']:.3f}×" + ("" if q1 is None or q3 is None else f" [{q1:.2f}–{q3:.2f}]")
+
+
+def model_table(model: str, rows: list[dict]) -> str:
+    header = ["system", "point", "peak MiB", "peak ×stock", "step ×stock (paired) [q1–q3]", "dominated by",
+              "grads allclose"]
+    body = []
+    for r in (r for r in rows if r["model"] == model):
+        if r.get("status") != "ok":
+            body.append([r["system"], r["point"], f"error: {r.get('error', '')}".replace("|", "\\|"), "", "", "", ""])
+            continue
+        dominated = "–" if r["system"] in HAC_SYSTEMS else r.get("dominated_by", "–")
+        close = r.get("grads_allclose")
+        body.append([r["system"], r["point"], _mib(r.get("peak_bytes")), _ratio(r.get("peak_ratio")), _step_cell(r),
+                     dominated, "–" if close is None else ("yes" if close else f"**NO** (max diff {r.get('max_grad_diff', 0):.2g})")])
+    return _md_table(header, body)
+
+
+INTRO = (
+    "Each point is one training step under Inductor (CPU): peak = exact tensor bytes allocated during the "
+    "measured step (`hyper_ac.memory.track()`; parameters and inputs excluded, gradients included); step = "
+    "the median over paired rounds of (point's step time / stock `torch.compile`'s in the same round), "
+    "stock compiled afresh beside the point, order alternating. Systems: `stock` (`torch.compile`, whole model "
+    "or each block compiled on its own); `torch_budget` (`torch._functorch.config.activation_memory_budget`, "
+    "patched while compiling); `checkpoint_wrapper` (torchtitan's full AC: each block under "
+    "`checkpoint_wrapper`, non-reentrant) and `sac` (torchtitan's op save-list via "
+    "`create_selective_checkpoint_contexts`: mm/addmm/bmm, SDPA, flex attention, max, collectives saved, every "
+    "second mm recomputed), each with whole-model or per-block compile; `hf_ckpt` "
+    "(`gradient_checkpointing_enable(use_reentrant=False)`, whole compile); `hyper_ac` "
+    "(`hyper_ac.backend(config, compiler=\"inductor\")`, whole model: byte budgets = f × stock's measured peak "
+    "plus the parameter/input bytes the config's budget counts, `auto`, `full`, `output_recompute`); "
+    "`hyper_ac_block` (each block compiled with that backend; budgets are the config's fraction of each block's "
+    "activation bytes). Dominated by: the hyper_ac point (least peak first) with peak ≤ "
+    f"{PEAK_TOL}× and step ≤ {STEP_TOL}× the row's. Gradients: allclose (rtol 1e-4, atol 1e-5) to stock "
+    "(reported, not asserted).")
+
+
+def render_frontier_markdown(meta: dict, rows: list[dict]) -> str:
+    spec = meta.get("spec", {})
+    out = ["# The memory/time frontier under Inductor", ""]
+    out += provenance_header(meta) + [""]
+    out += [f"Models at {spec.get('layers')} layers, hidden {spec.get('hidden')}, seq {spec.get('seq')}, batch "
+            f"{spec.get('batch')}, dropout {spec.get('dropout', 0.0)}, fp32, {meta.get('threads', '?')} torch thread(s), "
+            f"{meta.get('paired_rounds', '?')} paired rounds per point. Models measured: "
+            f"{', '.join(meta.get('models_done', meta.get('models', [])))} (of {', '.join(meta.get('models', []))} asked).",
+            "", INTRO, ""]
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    out += ["## Least memory per system", ""] + [least_memory_line(m, rows) for m in models] + [""]
+    for m in models:
+        mine = [r for r in rows if r["model"] == m]
+        others = [r for r in mine if r["system"] not in HAC_SYSTEMS and _ok(r)]
+        beaten = sum(r.get("dominated_by") not in (None, NOT_DOMINATED) for r in others)
+        line = frontier_line([r for r in mine if r["system"] in HAC_SYSTEMS])
+        out += [f"## {m}", "", f"{beaten} of {len(others)} other points dominated by a hyper_ac point. "
+                f"hyper_ac's frontier: " + ", ".join(f"{label(r)} ({r['peak_ratio']:.3f}×, {r['step_ratio']:.3f}×)"
+                                                     for r in line) + f". Plot: `frontier_{m}.png`.", "",
+                model_table(m, rows), ""]
+    return "\n".join(out)
+
+
+def render_frontier_plots(out_dir: Path, rows: list[dict], log: Callable[[str], None]) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:  # pragma: no cover
+        log(f"  plots skipped: {exc}")
+        return []
+    markers = {"stock": "o", "torch_budget": "s", "checkpoint_wrapper": "^", "sac": "v", "hf_ckpt": "D",
+               "hyper_ac": "*", "hyper_ac_block": "P"}
+    written = []
+    for m in dict.fromkeys(r["model"] for r in rows):
+        mine = [r for r in rows if r["model"] == m and _ok(r)]
+        if not mine:
+            continue
+        fig, ax = plt.subplots(figsize=(8, 5.5))
+        for system in dict.fromkeys(r["system"] for r in mine):
+            pts = [r for r in mine if r["system"] == system]
+            ax.scatter([r["step_ratio"] for r in pts], [r["peak_bytes"] / MiB for r in pts], label=system,
+                       marker=markers.get(system, "o"), s=90 if system in HAC_SYSTEMS else 50, zorder=3)
+            for r in pts:
+                ax.annotate(r["point"].replace(" compile", "").replace("× stock peak", "×"),
+                            (r["step_ratio"], r["peak_bytes"] / MiB), fontsize=6, xytext=(3, 2),
+                            textcoords="offset points")
+        line = frontier_line([r for r in mine if r["system"] in HAC_SYSTEMS])
+        ax.plot([r["step_ratio"] for r in line], [r["peak_bytes"] / MiB for r in line], "-", color="black", lw=1.2,
+                label="hyper_ac frontier", zorder=2)
+        ax.set_xlabel("step time / stock torch.compile (paired median)")
+        ax.set_ylabel("peak memory of one step (MiB)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        ax.set_title(f"{m}: memory vs step time under Inductor")
+        fig.tight_layout()
+        path = out_dir / f"frontier_{m}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path.name)
+    return written
+
+
+def write_frontier(out_dir: Path, meta: dict, rows: list[dict], plots: bool, log: Callable[[str], None]) -> None:
+    """frontier.csv, the plots, results.md (header from ``meta``) and meta.json under ``out_dir``."""
+    import json
+
+    add_ratios(rows)
+    add_dominance(rows)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write_csv(out_dir / "frontier.csv", rows, FRONTIER_COLUMNS)
+    meta["plots"] = render_frontier_plots(out_dir, rows, log) if plots else []
+    (out_dir / "results.md").write_text(render_frontier_markdown(meta, rows))
+    with open(out_dir / "meta.json", "w") as f:
+        json.dump(meta, f, indent=1, default=str)

@@ -1,0 +1,90 @@
+"""The frontier part's pure figures (benchmarks/frontier_report.py): ratios, dominance with
+tolerances, hyper_ac's frontier line and the rendered table. Nothing here compiles."""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from benchmarks import frontier_report as fr  # noqa: E402
+
+MiB = 2**20
+
+
+def row(system, point, peak_mib, step, model="m", **extra):
+    return {"model": model, "system": system, "point": point, "status": "ok", "error": "",
+            "peak_bytes": int(peak_mib * MiB), "paired_step_ratio": step, **extra}
+
+
+def rows():
+    return [
+        row("stock", "whole compile", 100, 1.00, grads_allclose=True),
+        row("torch_budget", "0.5", 65, 1.20),
+        row("torch_budget", "0.0", 111, 1.40),
+        row("checkpoint_wrapper", "whole compile", 47, 1.10),
+        row("hyper_ac", "auto", 60, 1.00),
+        row("hyper_ac", "full", 49, 1.12),
+        row("hyper_ac", "budget 0.9× stock peak", 60, 1.00),   # equal to auto: one stands for both on the line
+        row("hyper_ac_block", "budget 0.5", 70, 1.30),          # dominated by auto: not on the line
+        {"model": "m", "system": "sac", "point": "per-block compile", "status": "error", "error": "boom | x"},
+    ]
+
+
+def measured():
+    rs = rows()
+    fr.add_ratios(rs)
+    fr.add_dominance(rs)
+    return {fr.label(r): r for r in rs}
+
+
+def test_ratios_are_to_stock_whole_compile():
+    rs = measured()
+    assert rs["torch_budget 0.5"]["peak_ratio"] == 0.65
+    assert rs["stock whole compile"]["peak_ratio"] == 1.0
+    assert rs["hyper_ac full"]["step_ratio"] == 1.12
+    assert "peak_ratio" not in rs["sac per-block compile"]
+
+
+def test_dominance_with_tolerances_names_the_least_memory_dominator():
+    rs = measured()
+    # 65 MiB / 1.20: auto (60, 1.00) and full (49, 1.12) both dominate; full has the least peak
+    assert rs["torch_budget 0.5"]["dominated_by"] == "hyper_ac full"
+    # 47 MiB / 1.10: full is 49/47 = 1.043x the peak, beyond 1.01: not dominated
+    assert rs["checkpoint_wrapper whole compile"]["dominated_by"] == fr.NOT_DOMINATED
+    # the stock point itself: auto at 0.60x peak and 1.00x step
+    assert rs["stock whole compile"]["dominated_by"] == "hyper_ac auto"
+    assert "dominated_by" not in rs["hyper_ac full"] and "dominated_by" not in rs["sac per-block compile"]
+
+
+def test_dominance_tolerances_are_inclusive_and_bounded():
+    other = {"peak_ratio": 0.5, "step_ratio": 1.0}
+    assert fr.dominates({"peak_ratio": 0.505, "step_ratio": 1.03}, other)
+    assert not fr.dominates({"peak_ratio": 0.5051, "step_ratio": 1.0}, other)
+    assert not fr.dominates({"peak_ratio": 0.4, "step_ratio": 1.031}, other)
+
+
+def test_frontier_line_keeps_the_non_dominated_hyper_ac_points():
+    rs = measured()
+    line = fr.frontier_line([r for r in rs.values() if r["system"] in fr.HAC_SYSTEMS])
+    assert [(r["peak_ratio"], r["step_ratio"]) for r in line] == [(0.60, 1.00), (0.49, 1.12)]
+
+
+def test_least_memory_line_says_when_hyper_ac_is_above_another_system():
+    rs = list(measured().values())
+    line = fr.least_memory_line("m", rs)
+    assert "hyper_ac full, 0.490×" in line and "**above**" in line
+    assert "checkpoint_wrapper whole compile 0.470×" in line
+    better = [r for r in rs if r["system"] != "checkpoint_wrapper"]
+    assert "at or below every other" in fr.least_memory_line("m", better)
+
+
+def test_table_renders_every_row_errors_escaped():
+    rs = list(measured().values())
+    table = fr.model_table("m", rs).splitlines()
+    assert table[0].startswith("| system | point | peak MiB | peak ×stock |")
+    assert len(table) == 2 + len(rs)
+    assert "| torch_budget | 0.5 | 65.00 | 0.650× | 1.200× | hyper_ac full | – |" in table
+    assert any("error: boom \\| x" in line for line in table)
+    page = fr.render_frontier_markdown({"command": "python -m benchmarks --parts frontier", "commit": "abc",
+                                        "date": "2026-12-01", "machine": "x"}, rs)
+    assert "3 of 4 other points dominated" in page and "## m" in page
