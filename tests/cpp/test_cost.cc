@@ -1,7 +1,6 @@
 // hardware: measured: the per-node measured_seconds field, the cost model's
 // use of it (and its roofline fallback), and auto's knee rule (plan.h).
-#include <catch2/catch_test_macros.hpp>
-#include <catch2/catch_approx.hpp>
+#include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <limits>
@@ -13,7 +12,6 @@
 
 using namespace hyper_ac;
 using namespace hyper_ac::testing;
-using Catch::Approx;
 
 namespace {
 
