@@ -94,6 +94,7 @@ def main() -> None:
             if strategy != "stock":
                 stock, own = paired_times(stock_step, step, args.rounds)
                 ratio = statistics.median(o / s for o, s in zip(own, stock))
+                print(f"<!-- {name} {strategy}: stock step median {statistics.median(stock):.4f} s -->")
             plan = ""
             if results:
                 st = results[0].stats
