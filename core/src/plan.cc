@@ -372,6 +372,10 @@ Evaluation choose_knee(const Graph& graph, const detail::NodeIndex& index, const
            format_seconds(chosen.recompute_seconds) + " = " + ratio + " of the step's " + format_seconds(base) +
            " (aim: least peak at <= 1.02x step time; " + std::to_string(frontier.points.size()) + " frontier points" +
            (within || !any ? "" : "; none within 2%: the least-recompute one") + ")"});
+  if (!frontier.complete)
+    result.diagnostics.push_back({Severity::Info, -1,
+                                  "Pareto search stopped after " + std::to_string(frontier.solves) +
+                                      " max-flow solves; the knee is the best of the points found"});
   return chosen;
 }
 
