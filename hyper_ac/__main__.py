@@ -160,7 +160,7 @@ def _capture(args: argparse.Namespace) -> int:
         captured = capture_joint(model, route=args.route, **batch)
         bar.update()
         bar.set_postfix_str("serialising")
-        graph_json = captured.to_json()
+        graph_json = captured.to_json(measure=args.measure)
         bar.update()
         bar.set_postfix_str("writing")
         try:
@@ -239,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     capture.add_argument("--route", choices=("compile", "export"), default="compile",
                          help="capture route (hyper_ac.frontend.capture.capture_joint; default compile)")
     capture.add_argument("-o", "--output", required=True, help="where to write the graph JSON")
+    capture.add_argument("--measure", action="store_true",
+                         help="time each op on this machine into measured_seconds, for configs with "
+                              "hardware: measured (docs/config.md; cached on disk)")
     capture.set_defaults(func=_capture)
     plan = sub.add_parser("plan", help="plan a serialised graph JSON with a config")
     plan.add_argument("graph")

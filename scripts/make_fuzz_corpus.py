@@ -58,6 +58,9 @@ EXTRA_CONFIGS: dict[str, Any] = {
     "auto_inductor": {"activation_checkpoint": {"mode": "auto", "compiler": "inductor", "hardware": "h200"}},
     "auto_custom_hw": {"activation_checkpoint": {"mode": "auto",
                                                  "hardware": {"peak_flops": 1e12, "memory_bandwidth": 1e9}}},
+    "auto_measured": {"ac_mode": "auto", "ac_hardware": "measured"},
+    "budget_measured_inductor": {"activation_checkpoint": {"mode": "budget", "memory_budget": 0.4,
+                                                           "hardware": "measured", "compiler": "inductor"}},
     "auto_whole_graph": {"ac_mode": "auto", "ac_scope": "whole_graph"},
     "full_whole_graph": {"ac_mode": "full", "ac_scope": "whole_graph"},
     "full_last_unit": {"ac_mode": "full", "ac_layer_indices": [1]},
@@ -80,6 +83,10 @@ EXCLUDE_CONFIGS: dict[str, Any] = {
 # EXTRA_CONFIGS too; a larger one (the transformers: 90-290 KB) the presets
 # only, to keep the corpus near 10 MB and the fuzz run's first pass short.
 SMALL_GRAPH_BYTES = 64 * 1024
+# Graphs also written with measured op times (``measured_seconds``), with the
+# `hardware: measured` configs only. The times are synthesised from each
+# node's FLOPs and bytes (not timed), so the corpus stays reproducible.
+MEASURED_FORM = ("mlp", "transformer")
 # Graphs also written in the full (non-compact) form, with these configs.
 FULL_FORM = {"mlp": ("mode_auto", "mode_budget"), "collectives": ("mode_selective",), "user_tagged": ("mode_auto",)}
 
@@ -169,6 +176,17 @@ def special_graphs() -> dict[str, Callable[[], tuple]]:
     }
 
 
+def _with_measured_times(text: str) -> str:
+    """The wire document with a synthetic ``measured_seconds`` on every call_function node
+    but every third (those keep the roofline): 1 us + FLOPs / 1e10 + output bytes / 1e9."""
+    doc = json.loads(text)
+    for i, node in enumerate(doc["nodes"]):
+        if node.get("kind") == "call_function" and i % 3:
+            out = sum(o.get("bytes", 0) for o in node.get("outputs", []))
+            node["measured_seconds"] = round(1e-6 + node.get("flops", 0) / 1e10 + out / 1e9, 12)
+    return json.dumps(doc, separators=(",", ":"))
+
+
 def graphs() -> Iterator[tuple[str, str, Any]]:
     """(label, graph JSON in the wire form, live model or None) for every graph."""
     import torch
@@ -179,6 +197,8 @@ def graphs() -> Iterator[tuple[str, str, Any]]:
 
     def forms(label: str, gm, model):
         yield label, serialize.to_json(gm, model), model
+        if label in MEASURED_FORM:
+            yield f"{label}_measured", _with_measured_times(serialize.to_json(gm, model)), model
         if label in FULL_FORM:
             yield f"{label}_full_form", serialize.to_json(gm, model, full=True), model
 
@@ -224,6 +244,8 @@ def seeds(log=print) -> Iterator[tuple[str, str, str]]:
     large.update({f"x_{k}": v for k, v in EXCLUDE_CONFIGS.items()})
     for label, graph, model in graphs():
         chosen = dict(base, **large, **extra) if len(graph) <= SMALL_GRAPH_BYTES else large
+        if label.endswith("_measured"):
+            chosen = {k: v for k, v in extra.items() if "measured" in k}
         if label.endswith("_full_form"):
             chosen = {k: v for k, v in chosen.items() if k in FULL_FORM[label[: -len("_full_form")]]}
         seen: set[str] = set()

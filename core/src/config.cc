@@ -189,12 +189,14 @@ HardwareProfile parse_hardware(const json& value, const std::string& key) {
       {"a100", {"a100", 312.0e12, 2.0e12}},
       {"h100", {"h100", 989.0e12, 3.35e12}},
       {"h200", {"h200", 989.0e12, 4.8e12}},
+      // Measured op times; the cpu roofline prices the nodes measured without a time.
+      {"measured", {"measured", 1.0e11, 2.0e10, true}},
   };
   if (value.is_string()) {
     std::string name = value.get<std::string>();
     std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
     auto it = kProfiles.find(name);
-    if (it == kProfiles.end()) fail(key, "unknown hardware profile '" + name + "'; use cpu, a100, h100, h200 or {peak_flops, memory_bandwidth}");
+    if (it == kProfiles.end()) fail(key, "unknown hardware profile '" + name + "'; use cpu, a100, h100, h200, measured or {peak_flops, memory_bandwidth}");
     return it->second;
   }
   if (!value.is_object()) fail(key, std::string("must be a profile name or an object, got ") + value.type_name());
@@ -205,6 +207,9 @@ HardwareProfile parse_hardware(const json& value, const std::string& key) {
     if (!value["name"].is_string()) fail(key + ".name", "must be a string");
     profile.name = value["name"].get<std::string>();
   }
+  // {name: measured, peak_flops, memory_bandwidth}: measured times with this
+  // roofline for the nodes without one (also the canonical form's round trip).
+  profile.measured = profile.name == "measured";
   for (const char* field : {"peak_flops", "memory_bandwidth"}) {
     if (!value.contains(field)) fail(key + "." + field, "missing (FLOP/s and bytes/s of the target hardware)");
     const json& number = value[field];
@@ -457,6 +462,7 @@ ConfigFacts config_facts(const Config& given, const ConfigFactsOptions& options)
   facts.lambda = effective_lambda(config.mincut);
   facts.lambda_configured = config.mincut.lambda.has_value();
   facts.hardware = config.mincut.hardware;
+  facts.measure_op_times = config.mincut.hardware.measured;
   facts.rng = config.rng;
   if (options.runner == Compiler::Eager && config.buffer_reuse != BufferReuse::Auto)
     facts.warnings.push_back(std::string("buffer_reuse: ") + to_string(config.buffer_reuse) +
@@ -479,6 +485,7 @@ std::string config_facts_to_json(const ConfigFacts& facts) {
                             {"peak_flops", facts.hardware.peak_flops},
                             {"memory_bandwidth", facts.hardware.memory_bandwidth}}},
               {"rng", to_string(facts.rng)},
+              {"measure_op_times", facts.measure_op_times},
               {"warnings", facts.warnings}};
   return out.dump();
 }

@@ -29,7 +29,32 @@ double roofline_seconds(double flops, double bytes, const CostOptions& options) 
   return seconds > 0.0 ? seconds : 0.0;
 }
 
+// A measured time, clamped as a roofline's (a document's value is finite and >= 0).
+double clamped(double seconds) {
+  if (!(seconds < kMaxRecomputeSeconds)) return kMaxRecomputeSeconds;
+  return seconds > 0.0 ? seconds : 0.0;
+}
+
 }  // namespace
+
+bool uses_measured_time(const Node& node, const CostOptions& options) {
+  return options.hardware.measured && node.measured_seconds >= 0.0 &&
+         !(options.compiler == Compiler::Inductor && node.fusible);
+}
+
+double step_seconds(const Graph& graph, const CostOptions& options) {
+  std::vector<std::int32_t> forward;
+  double total = 0.0;
+  for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
+    const Node& node = graph.nodes[i];
+    if (node.kind != NodeKind::CallFunction) continue;
+    if (node.is_forward())
+      forward.push_back(static_cast<std::int32_t>(i));
+    else
+      total = add_finite(total, recompute_seconds(graph, static_cast<std::int32_t>(i), options));
+  }
+  return add_finite(total, recompute_seconds(graph, forward, options));
+}
 
 FusionGroups fusion_groups(const Graph& graph, const CostOptions& options) {
   const std::size_t n = graph.nodes.size();
@@ -95,6 +120,7 @@ bool compute_unknown(const Node& node) {
 double recompute_seconds(const Graph& graph, std::int32_t index, const CostOptions& options) {
   const Node& node = graph.nodes.at(static_cast<std::size_t>(index));
   if (node.kind != NodeKind::CallFunction || is_view_like(node) || is_getitem(node) || node.symint) return 0.0;
+  if (uses_measured_time(node, options)) return clamped(node.measured_seconds);
   double bytes = static_cast<double>(node.output_bytes());
   for (auto input : node.inputs) bytes += static_cast<double>(graph.nodes[static_cast<std::size_t>(input)].output_bytes());
   return roofline_seconds(node.flops, bytes, options);
@@ -110,6 +136,7 @@ double detail::recompute_seconds(const Graph& graph, const NodeIndex& index, std
   if (!index.has(i, Flag::kCallFunction) || index.has(i, Flag::kView) || index.has(i, Flag::kGetitem) ||
       index.has(i, Flag::kSymint))
     return 0.0;
+  if (uses_measured_time(graph.nodes[i], options)) return clamped(graph.nodes[i].measured_seconds);
   double bytes = static_cast<double>(index.output_bytes[i]);
   for (auto e = index.input_start[i]; e < index.input_start[i + 1]; ++e)
     bytes += static_cast<double>(index.output_bytes[static_cast<std::size_t>(index.inputs[static_cast<std::size_t>(e)])]);

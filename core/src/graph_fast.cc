@@ -263,11 +263,13 @@ class FastLoader {
       case gf::Kind::Int:
         if (!read_int(value, *gf::slot<std::int64_t>(key, node))) return false;
         break;
-      case gf::Kind::Number:
-        if (value.get_double().get(node.flops)) return false;
+      case gf::Kind::Number: {
+        double& number = *gf::slot<double>(key, node);
+        if (value.get_double().get(number)) return false;
         // -0 is left to the reference (it reads an integer -0 as +0).
-        if (node.flops == 0.0 && std::signbit(node.flops)) return false;
+        if (number == 0.0 && std::signbit(number)) return false;
         break;
+      }
       case gf::Kind::Bool:
         if (value.get_bool().get(*gf::slot<bool>(key, node))) return false;
         break;

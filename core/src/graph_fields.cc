@@ -136,6 +136,7 @@ std::string value_error(int field, const Node& node) {
     case fId: return "field 'id' is negative (" + std::to_string(node.id) + ")";
     case fName: return "field 'name' is empty";
     case fFlops: return "field 'flops' must be >= 0";
+    case fMeasuredSeconds: return "field 'measured_seconds' must be a finite number >= 0 (or null)";
     case fRngStateBytes: return "field 'rng_state_bytes' must be >= 0";
     case fAcGraphId: return "'ac_graph_id' must be >= 0 (or null)";
     default: return "";

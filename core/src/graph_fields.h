@@ -74,7 +74,9 @@ enum class Kind : std::uint8_t {
   X(AcGraphId, "ac_graph_id", Int, false, "null", ac_graph_id, true, "ac_graph_id=%",                                 \
     "an integer >= 0; only with a policy")                                                                            \
   X(RecomputedFrom, "recomputed_from", String, false, "null", recomputed_from, true, "dup:%",                         \
-    "the name of the node an earlier pass duplicated")
+    "the name of the node an earlier pass duplicated")                                                                \
+  X(MeasuredSeconds, "measured_seconds", Number, false, "null", measured_seconds, false, "measured",                  \
+    "finite, >= 0: one run measured on the planning machine (hardware: measured)")
 
 enum Field : int {
 #define HYPER_AC_FIELD_ENUM(field, ...) f##field,
@@ -128,6 +130,7 @@ inline bool value_ok(int field, const Node& node) {
     case fId: return node.id >= 0;
     case fName: return !node.name.empty();
     case fFlops: return node.flops >= 0.0;  // false for NaN too
+    case fMeasuredSeconds: return node.measured_seconds >= 0.0 && node.measured_seconds <= 1.0e300;  // finite
     case fRngStateBytes: return node.rng_state_bytes >= 0;
     case fAcGraphId: return node.ac_graph_id >= 0;
     default: return true;

@@ -342,6 +342,54 @@ Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& ind
   return chosen;
 }
 
+// auto under hardware: measured: the knee of the frontier (kKneeSlowdown,
+// plan.h).
+Evaluation choose_knee(const Graph& graph, const detail::NodeIndex& index, const StageOptions& stages,
+                       PlanResult& result) {
+  ParetoResult frontier;
+  {
+    ScopedTimer timer(result.timings.mincut_seconds);
+    frontier = detail::pareto(graph, index, result.tags.policies, stages.mincut);
+  }
+  const double base = step_seconds(graph, stages.cost);
+  const double allowance = kKneeSlowdown * base;
+  result.stats.step_seconds = base;
+  result.stats.knee_allowance_seconds = allowance;
+  result.stats.knee_points = frontier.points.size();
+  const RematOptions schedule = unit_schedule(result.scope);
+  SecondsCache seconds;
+  Evaluation chosen;
+  bool any = false, within = false;
+  for (const auto& point : frontier.points) {  // least recompute first
+    Evaluation evaluation = evaluate_indexed(graph, index, point.policies, stages.cost, schedule, &result.timings, &seconds);
+    evaluation.lambda = point.lambda;
+    const bool fits = evaluation.recompute_seconds <= allowance;
+    const bool better = !any || (fits && !within) ||
+                        (fits == within && within && evaluation.simulated_peak_bytes < chosen.simulated_peak_bytes);
+    if (better) {
+      within = within || fits;
+      chosen = std::move(evaluation);
+      any = true;
+    }
+  }
+  if (!any) chosen = evaluate_indexed(graph, index, result.tags.policies, stages.cost, schedule, &result.timings, &seconds);
+  char ratio[32], lambda[32];
+  std::snprintf(lambda, sizeof lambda, "%.3g", chosen.lambda);
+  std::snprintf(ratio, sizeof ratio, "%.2f%%", base > 0.0 ? 100.0 * chosen.recompute_seconds / base : 0.0);
+  result.diagnostics.push_back(
+      {Severity::Info, -1,
+       "auto (hardware: measured) chose the knee: lambda " + std::string(lambda) +
+           ", simulated peak " + format_bytes(chosen.simulated_peak_bytes) + ", recompute " +
+           format_seconds(chosen.recompute_seconds) + " = " + ratio + " of the step's " + format_seconds(base) +
+           " (aim: least peak at <= 1.02x step time; " + std::to_string(frontier.points.size()) + " frontier points" +
+           (within || !any ? "" : "; none within 2%: the least-recompute one") + ")"});
+  if (!frontier.complete)
+    result.diagnostics.push_back({Severity::Info, -1,
+                                  "Pareto search stopped after " + std::to_string(frontier.solves) +
+                                      " max-flow solves; the knee is the best of the points found"});
+  return chosen;
+}
+
 // Scope and tags as the `auto` mode sees them (the frontier and the flow network).
 TagResult auto_tags(const Graph& graph, const detail::NodeIndex& index, const PlanOptions& options, StageOptions& stages,
                     Scope* scope_out = nullptr) {
@@ -520,7 +568,12 @@ void run_plan(const Graph& graph, const PlanOptions& options, PlanResult& result
   result.stats.simulated_activation_peak_before = before.peak_bytes;
 
   Evaluation evaluation;
-  if (config.mode == Mode::Auto) {
+  if (config.mode == Mode::Auto && stages.cost.hardware.measured) {
+    evaluation = choose_knee(graph, index, stages, result);
+    if (options.stock_recomputed)
+      compare_with_stock(graph, index, *options.stock_recomputed, stages.cost, unit_schedule(result.scope), result,
+                         evaluation);
+  } else if (config.mode == Mode::Auto) {
     MinCutResult cut;
     {
       ScopedTimer timer(result.timings.mincut_seconds);

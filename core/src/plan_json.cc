@@ -173,6 +173,11 @@ std::vector<Field> stats_fields(const PlanResult& result) {
     fields.push_back(signed_field("stock_simulated_peak", ps.stock_simulated_peak));
     fields.push_back(bool_field("stock_fallback", ps.stock_fallback));
   }
+  if (ps.step_seconds >= 0.0) {
+    fields.push_back(number_field("step_seconds", ps.step_seconds));
+    fields.push_back(number_field("knee_allowance_seconds", ps.knee_allowance_seconds));
+    fields.push_back(count_field("knee_points", ps.knee_points));
+  }
   if (rs.rng_replayed > 0 || ts.rng_replay_candidates > 0) {
     fields.push_back(count_field("rng_replayed", rs.rng_replayed));
     fields.push_back(signed_field("rng_state_bytes", rs.rng_state_bytes));

@@ -34,7 +34,8 @@ _NODE = {f["name"]: f for f in FIELDS if f["section"] == "node"}
 
 def _default(field: dict) -> Any:
     value = json.loads(field["default_json"])
-    return float(value) if field["kind"] == "number" else value  # flops: the serialiser's 0.0
+    # flops: the serialiser's 0.0; measured_seconds: null (absent)
+    return float(value) if field["kind"] == "number" and value is not None else value
 
 
 #: A node field's value when the document leaves it out.
@@ -44,7 +45,7 @@ NODE_DEFAULTS: dict[str, Any] = {name: _default(f) for name, f in _NODE.items() 
 #: (``stack``, an index into the top-level ``module_stacks``), never inline.
 WIRE_ORDER = ("id", "name", "kind", "target", "inputs", "phase", "outputs", "flops", "rng", "symint", "collective",
               "view", "mutated_inputs", "aliased_inputs", "role", "subgraph", "mutated", "policy", "ac_graph_id",
-              "recomputed_from", "rng_state_bytes", "fusible", "copy", "stack")
+              "recomputed_from", "rng_state_bytes", "fusible", "copy", "stack", "measured_seconds")
 
 # json.dumps's own string encoder for its default ``ensure_ascii=True``: the
 # wire text writes every string byte for byte as json.dumps would.

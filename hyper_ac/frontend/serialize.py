@@ -15,6 +15,9 @@ Every fact is computed from torch, never guessed:
 * ``symint``: ``meta["val"]`` is a ``SymInt``/``SymFloat``/``SymBool``.
 * ``collective``: the operator's namespace is a communication namespace.
 * ``flops``: ``torch.utils.flop_counter``'s per-op formula registry (0 without one).
+* ``measured_seconds`` (only with ``measure=True``, which ``hardware: measured``
+  asks for): one run of the node's op timed on this machine
+  (:mod:`hyper_ac.frontend.op_times`, cached on disk).
 * ``module_stack`` / ``phase`` / ``role``: from the annotations
   :func:`hyper_ac.frontend.annotate.annotate_joint` wrote (the phase through
   :func:`hyper_ac.frontend.annotate.phase_of`).
@@ -37,6 +40,7 @@ from hyper_ac import _core, fx_meta
 from hyper_ac.lower._gc import paused_gc
 from hyper_ac.frontend.annotate import phase_of
 from hyper_ac.frontend.graph_wire import compact, expand, node_text
+from hyper_ac.frontend.op_times import OpTimer
 from hyper_ac.frontend.op_facts import (_PY_SYM_TYPES, _positions, draws_random, is_exact_copy, may_be_exact_copy, op_facts,
                                         rng_state_bytes, target_name)
 from hyper_ac.frontend.values import _flops, _output_facts
@@ -155,6 +159,7 @@ def serialize_graph(
     *,
     unbacked_fallback: int = UNBACKED_FALLBACK,
     with_flops: bool = True,
+    measure: bool = False,
 ) -> dict:
     """The graph document (a JSON-ready dict) of an annotated joint graph.
 
@@ -162,11 +167,13 @@ def serialize_graph(
     node without ``meta["autograd_backward"]`` gets its phase from
     ``partitioner_tag``, else backward iff one of its inputs is backward.
     ``model``: the live module, for the ``model`` section.
+    ``measure``: time each replayable op on this machine (``measured_seconds``;
+    ``hardware: measured``).
     """
     # Millions of small dicts/lists: the cyclic GC would rescan them over and
     # over (quadratic-looking pauses on 100k-node graphs). Nothing here makes cycles.
     with paused_gc():
-        return expand(json.loads(_serialize(gm, model, unbacked_fallback, with_flops)))
+        return expand(json.loads(_serialize(gm, model, unbacked_fallback, with_flops, measure)))
 
 
 def _input_mutation_descs(graph: fx.Graph) -> list:
@@ -186,7 +193,7 @@ def _input_mutation_descs(graph: fx.Graph) -> list:
 
 
 def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_fallback: int,
-               with_flops: bool) -> str:
+               with_flops: bool, measure: bool = False) -> str:
     """The graph document's wire text (``json.dumps(compact(doc), separators=(",", ":"))``
     byte for byte), written node by node by :func:`hyper_ac.frontend.graph_wire.node_text`.
 
@@ -213,6 +220,7 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
     node_type = fx.Node
     tensor_type = torch.Tensor
     sym_types = _PY_SYM_TYPES
+    timer = OpTimer() if measure else None
     for i, node in enumerate(graph.nodes):
         ids[node] = str(i)
         op = node.op
@@ -234,6 +242,7 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
         mutated_inputs: list[int] = []
         aliased_inputs: list[int] = []
         recomputed_from = fx_meta.recomputed_from(node)
+        seconds = None
         if op == "call_function":
             target = node.target
             known = target_facts.get(id(target))
@@ -269,6 +278,8 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
                     view = facts.view and bool(aliased_inputs)
                 if with_flops and facts.flop_formula is not None:
                     flops = _flops(node, facts, unbacked_fallback)
+                if timer is not None:
+                    seconds = timer.seconds(node, tname, facts, rng)
         else:
             tname = target_name(node)
             if op == "get_attr" and owner is not None:
@@ -326,7 +337,9 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
         out_nodes.append(node_text(
             i, node.name, op, tname, [ids[n] for n in inputs], "backward" if is_bwd else "forward", outputs,
             flops, rng, isinstance(val, sym_types), collective, view, mutated_inputs, aliased_inputs, role,
-            subgraph, mutated, policy, graph_id, recomputed_from, state_bytes, fusible, copy, at))
+            subgraph, mutated, policy, graph_id, recomputed_from, state_bytes, fusible, copy, at, seconds))
+    if timer is not None:
+        timer.close()
     doc: dict[str, Any] = {"format": FORMAT, "version": VERSION}
     if model is not None:
         doc["model"] = model_facts(getattr(model, "_orig_mod", model))
@@ -355,5 +368,5 @@ def to_json(gm: fx.GraphModule | fx.Graph, model: nn.Module | None = None, *, in
             del doc  # as above
         else:  # json.dumps(compact(serialize_graph(...))), written in one pass
             text = _serialize(gm, model, kwargs.pop("unbacked_fallback", UNBACKED_FALLBACK),
-                              kwargs.pop("with_flops", True), **kwargs)
+                              kwargs.pop("with_flops", True), kwargs.pop("measure", False), **kwargs)
     return text

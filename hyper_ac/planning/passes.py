@@ -146,12 +146,13 @@ def _require_annotated(gm: fx.GraphModule) -> None:
 
 
 def _graph_json(graph: Union[fx.GraphModule, str, bytes, Mapping[str, Any]], model: Any,
-                caller: str) -> Union[str, bytes]:
+                caller: str, cfg: Optional[Config] = None) -> Union[str, bytes]:
     if isinstance(graph, fx.GraphModule):
         from hyper_ac.frontend.serialize import to_json
 
         _require_annotated(graph)
-        return to_json(graph, model)
+        # hardware: measured (the core's config facts say so): time each op (hyper_ac.frontend.op_times)
+        return to_json(graph, model, measure=cfg is not None and cfg.facts["measure_op_times"])
     if isinstance(graph, (str, bytes)):  # the core reads either in place
         return graph
     if isinstance(graph, Mapping):
@@ -209,7 +210,7 @@ def plan(graph: Union[fx.GraphModule, str, bytes, Mapping[str, Any]], config: An
     cfg = load_config(config)
     with paused_gc():  # large documents both ways (hyper_ac.lower._gc)
         t0 = time.perf_counter()
-        graph_json = _graph_json(graph, model, "plan")
+        graph_json = _graph_json(graph, model, "plan", cfg)
         t1 = time.perf_counter()
         split_doc = None
         if with_split:
@@ -290,7 +291,7 @@ def pareto(graph: Union[fx.GraphModule, str, Mapping[str, Any]], config: Any = N
     Returns a :class:`hyper_ac.display.timeline.Frontier`: the list of points (dicts),
     which draws itself inline in Jupyter."""
     cfg = load_config(config if config is not None else {"ac_mode": "auto"})
-    points = json.loads(_core.pareto(_graph_json(graph, model, "pareto"), cfg.json_for(model), op_policy_json()))
+    points = json.loads(_core.pareto(_graph_json(graph, model, "pareto", cfg), cfg.json_for(model), op_policy_json()))
     if plot:
         _plot_pareto(points, plot)
     from hyper_ac.display.timeline import Frontier  # a list that also plots itself in Jupyter

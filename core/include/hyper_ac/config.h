@@ -75,6 +75,11 @@ struct HardwareProfile {
   std::string name = "cpu";
   double peak_flops = 1.0e11;         // FLOP/s, in [kMinHardwareSpeed, kMaxHardwareSpeed]
   double memory_bandwidth = 2.0e10;   // bytes/s, same range
+  // `hardware: measured` (the name "measured", as a string or an object's
+  // name): replays are priced by each node's measured_seconds (graph.h), the
+  // roofline above only where a node has none (cost.h), and `auto` aims at
+  // the knee "least peak at <= 1.02x step time" (plan.h, kKneeSlowdown).
+  bool measured = false;
 };
 
 // The `budget` mode target. A number in (0, 1] is a fraction of the
@@ -182,6 +187,9 @@ struct ConfigFacts {
   double lambda = 0.0;                // effective_lambda
   bool lambda_configured = false;     // the config sets lambda (else derived from the hardware)
   HardwareProfile hardware;           // with `compiler`: the recompute cost options (CostOptions)
+  // hardware: measured: a caller that serialises a graph for the plan (or
+  // the frontier) times each op and writes it in (Node::measured_seconds).
+  bool measure_op_times = false;
   RngPolicy rng = RngPolicy::Replay;
   // Notes for the runner: a setting that has no effect with it (buffer_reuse
   // under the eager compiler).

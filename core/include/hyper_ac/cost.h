@@ -19,6 +19,18 @@
 //     through it (group_member_reads).
 //   Non-fusible nodes keep the roofline. docs/mincut.md shows how this enters
 //   the min-cut network exactly.
+//
+// Measured times (`hardware: measured`, HardwareProfile::measured): the
+// serialiser runs each op standalone on the planning machine and records the
+// seconds as Node::measured_seconds. A node with a measured time is priced by
+// it instead of its roofline, except under inductor for a fusible node: its
+// standalone time is that of its own kernel (a launch, a read and a write of
+// every operand), which fusion removes, so a fusion group keeps the formula
+// above (the profile's roofline, fallback speeds cpu's). Measured time thus
+// prices what fusion leaves alone: matmuls, attention, custom ops, index and
+// sort ops. Nodes without a time (random ops, collectives, in-place ops, ones
+// that could not run standalone) keep the roofline, as do views and getitems
+// (0: a replay of an alias costs nothing).
 #pragma once
 
 #include <cstdint>
@@ -91,6 +103,17 @@ double read_seconds(const Graph& graph, std::int32_t node, const CostOptions& op
 // as cheap to replay as a copy. aten / prims ops without a formula are the
 // memory-bound ones (index, gather, sort, cumsum, ...), priced correctly so.
 bool compute_unknown(const Node& node);
+
+// The node's measured time prices it (see above): the profile is measured,
+// the node carries a time, and it is not fusible under inductor.
+bool uses_measured_time(const Node& node, const CostOptions& options);
+
+// Seconds of one training step as this cost model prices it: the whole
+// forward as one replay set (recompute_seconds of every forward
+// call_function: fusion groups under inductor) plus every backward
+// call_function node at its own time (measured where uses_measured_time,
+// else its roofline). The base `auto`'s knee rule takes its 2% of (plan.h).
+double step_seconds(const Graph& graph, const CostOptions& options);
 
 // Cost of replaying the set `nodes`. Eager: the sum of recompute_seconds (each
 // counted as often as listed). Inductor: the group formula above over the

@@ -50,6 +50,10 @@ struct Node {
   Phase phase = Phase::Forward;
   std::vector<TensorFact> outputs;
   double flops = 0.0;
+  // Seconds one run of this node took on the planning machine, measured by
+  // the serialiser when the config says `hardware: measured` (cost.h prices
+  // a replay by it); -1 = not measured (the roofline prices it).
+  double measured_seconds = -1.0;
   std::int32_t stack = -1;  // index into Graph::stacks; -1 = no enclosing module
   bool rng = false;
   // Bytes of the generator state a replay of this random op saves (the

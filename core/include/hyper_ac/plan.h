@@ -18,6 +18,14 @@
 
 namespace hyper_ac {
 
+// `auto` under `hardware: measured` aims at the knee "least peak at <= 1.02x
+// step time": of the frontier's cuts (pareto over lambda), the one with the
+// least simulated peak whose recompute seconds are at most kKneeSlowdown x
+// the step's base seconds (cost.h step_seconds); ties: less recompute. No
+// cut within it: the least-recompute cut. The roofline profiles keep auto's
+// one cut at the effective lambda.
+inline constexpr double kKneeSlowdown = 0.02;
+
 struct PlanOptions {
   // The validated pass config (mode, scope, min-cut settings).
   Config config;
@@ -72,6 +80,14 @@ struct PlanStats {
   // -1 when no comparison was made (not written to the plan JSON then).
   std::int64_t stock_simulated_peak = -1;
   bool stock_fallback = false;
+  // auto under hardware: measured (the knee rule, kKneeSlowdown): the step's
+  // base seconds (cost.h step_seconds), the recompute seconds allowed
+  // (kKneeSlowdown of it) and the frontier points weighed; the chosen point is
+  // lambda / simulated_peak_after / recompute_seconds above. step_seconds -1:
+  // the rule did not run (not written to the plan JSON then).
+  double step_seconds = -1.0;
+  double knee_allowance_seconds = 0.0;
+  std::size_t knee_points = 0;
 };
 
 // Wall time per stage. Not part of the plan JSON unless asked for: plans are
