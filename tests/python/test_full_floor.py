@@ -3,13 +3,13 @@
 torchtitan's "full" activation checkpointing is a per-layer ``checkpoint_wrapper``
 (non-reentrant) with the whole model compiled by Inductor. hyper_ac ``full``
 under ``hyper_ac.backend(compiler="inductor")`` should measure a step peak at or
-below it. It does not yet: docs/floor.md has the analysis (what each keeps at
-the forward's end, where the peak is, why), so the comparison is an expected
-failure (strict: the day it passes, the mark must go). The gradients are
-allclose to stock Inductor's either way.
+below it. On GPT-2 it does; on Llama it does not yet: docs/floor.md has the
+analysis (what each keeps at the forward's end, where the peak is, why), so
+Llama's comparison is an expected failure (strict: the day it passes, the mark
+must go). The gradients are allclose to stock Inductor's either way.
 
-Sizes are small so the four compiles (stock, wrapper, full, per model) fit the
-test's time.
+Sizes are small (2 layers, hidden 64, seq 64, batch 2); the time goes into
+Inductor's six compiles (stock, wrapper, full, per model): about 5 CPU-minutes.
 """
 
 from __future__ import annotations
@@ -82,10 +82,17 @@ def test_full_gradients_match_stock_inductor(measured):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 24: full + Inductor keeps more than per-layer checkpoint_wrapper + "
-                                       "Inductor (docs/floor.md)")
-def test_full_peak_at_or_below_per_layer_checkpoint_wrapper(measured):
+# Llama: the open gap (docs/floor.md), strict so the mark goes the day it closes. GPT-2: already
+# at or below the wrapper; kept so that it stays there.
+FLOOR_GAP = pytest.mark.xfail(strict=True, reason="issue 24: full + Inductor keeps more than per-layer "
+                                                  "checkpoint_wrapper + Inductor on Llama (docs/floor.md)")
+
+
+def test_full_peak_at_or_below_per_layer_checkpoint_wrapper(measured, request):
     name, steps = measured
+    if name == "llama":
+        request.applymarker(FLOOR_GAP)
     full, wrapper, stock = steps["full"][0], steps["wrapper"][0], steps["stock"][0]
+    print(f"{name}: stock {stock} B, wrapper {wrapper} B ({wrapper / stock:.3f}x), full {full} B ({full / stock:.3f}x)")
     assert full <= wrapper, (f"{name}: full {full} B ({full / stock:.3f}x stock) > per-layer checkpoint_wrapper "
                              f"{wrapper} B ({wrapper / stock:.3f}x stock)")
