@@ -14,6 +14,9 @@ from __future__ import annotations
 import gc
 import sys
 import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ is a package at the root
 
 import torch
 import torch._dynamo
