@@ -4,7 +4,7 @@ BUILD_DIR := build/py
 SOURCES := $(shell find core bindings cli tests/cpp -name '*.cc' -o -name '*.h' -o -name '*.cmake' 2>/dev/null) CMakeLists.txt pyproject.toml hyper_ac/configs/op_policy.yaml
 STAMP := $(BUILD_DIR)/.installed
 
-.PHONY: all deps build demo test test-cpp test-python sanitize-build test-sanitize fuzz fuzz-coverage bench clean
+.PHONY: all deps build demo test test-cpp test-python test-slow sanitize-build test-sanitize fuzz fuzz-coverage bench clean
 
 # One clang build (no Python modules) serves the sanitized tests and the fuzz
 # target: ASan + UBSan everywhere, libFuzzer's coverage instrumentation too, so
@@ -34,8 +34,13 @@ demo: build
 test-cpp: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure
 
+# `slow` tests (pyproject.toml markers: peaks measured over several Inductor
+# compiles) run apart, in test-slow, to keep `make test` under 25 minutes.
 test-python: build
-	$(PYTHON) -m pytest tests/python
+	$(PYTHON) -m pytest tests/python -m "not slow"
+
+test-slow: build
+	$(PYTHON) -m pytest tests/python -m slow
 
 # ASan + UBSan (-fno-sanitize-recover: the first report fails the test).
 sanitize-build:

@@ -86,6 +86,7 @@ def test_fit_below_the_floor_gives_the_least_measured_peak():
     assert result.measured_peak > result.target
 
 
+@pytest.mark.slow
 def test_fit_inductor_meets_target_with_stock_gradients():
     model, batch = _model("bert")
     stock, _, _ = _step(copy.deepcopy(model), batch, None, "inductor")

@@ -23,7 +23,8 @@ import torch
 import hyper_ac
 from hyper_ac import memory, models
 
-pytestmark = pytest.mark.skipif(not memory.is_available(), reason="hyper_ac._memory not built")
+pytestmark = [pytest.mark.slow,  # six Inductor compiles: `make test-slow`
+              pytest.mark.skipif(not memory.is_available(), reason="hyper_ac._memory not built")]
 
 SIZES = dict(layers=2, hidden=64, heads=4, seq=64, batch=2)
 
