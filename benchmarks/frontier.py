@@ -138,10 +138,10 @@ def sac_context_fn() -> Callable:
         counts: dict = collections.Counter()
 
         def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
-            mode = "recompute" if ctx.is_recompute else "forward"
+            phase = "replay" if ctx.is_recompute else "forward"  # counted apart
             if func is mm:
-                counts[mode] += 1
-            keep = func in save and not (func is mm and counts[mode] % 2 == 0)
+                counts[phase] += 1
+            keep = func in save and not (func is mm and counts[phase] % 2 == 0)
             return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
 
         return create_selective_checkpoint_contexts(policy)
