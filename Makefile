@@ -36,8 +36,11 @@ test-cpp: build
 
 # `slow` tests (pyproject.toml markers: peaks measured over several Inductor
 # compiles) run apart, in test-slow, to keep `make test` under 25 minutes.
+# PYTEST_WORKERS pytest-xdist processes, one test module each at a time
+# (--dist loadfile keeps a module's fixtures in one process); 0 = in this process.
+PYTEST_WORKERS ?= 2
 test-python: build
-	$(PYTHON) -m pytest tests/python -m "not slow"
+	$(PYTHON) -m pytest tests/python -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile
 
 test-slow: build
 	$(PYTHON) -m pytest tests/python -m slow

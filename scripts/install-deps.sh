@@ -26,13 +26,15 @@ fi
 
 # nbclient + ipykernel + nbformat: tests/python/test_notebook.py executes examples/inspect.ipynb headlessly.
 # accelerate: transformers' Trainer needs it (tests/python/test_hf_trainer.py).
-pip_pkgs=(pybind11 scikit-build-core pyyaml pytest numpy networkx transformers accelerate matplotlib tqdm nbclient ipykernel nbformat)
+# pytest-xdist: make test-python runs the modules on two processes.
+pip_pkgs=(pybind11 scikit-build-core pyyaml pytest pytest-xdist numpy networkx transformers accelerate matplotlib tqdm nbclient ipykernel nbformat)
 missing=()
 for p in "${pip_pkgs[@]}"; do
   mod=$p
   case $p in
     scikit-build-core) mod=scikit_build_core ;;
     pyyaml) mod=yaml ;;
+    pytest-xdist) mod=xdist ;;
   esac
   "$PY" -c "import $mod" 2>/dev/null || missing+=("$p")
 done
