@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 
 from benchmarks.common import MiB
 from benchmarks.frontier import HAC_SYSTEMS
-from benchmarks.report import _md_table, _mib, _write_csv, provenance_header
+from benchmarks.report import _md_table, _mib, _write_csv, provenance_header, save_plot
 
 #: A point is weakly dominated by a hyper_ac point with peak <= PEAK_TOL x its peak and step <= STEP_TOL x its step.
 PEAK_TOL = 1.01
@@ -196,11 +196,7 @@ def render_frontier_plots(out_dir: Path, rows: list[dict], log: Callable[[str], 
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
         ax.set_title(f"{m}: memory vs step time under Inductor")
-        fig.tight_layout()
-        path = out_dir / f"frontier_{m}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path.name)
+        save_plot(fig, out_dir / f"frontier_{m}.png", written)
     return written
 
 

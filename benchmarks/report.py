@@ -432,6 +432,16 @@ MEMORY_TRUTH_NOTES = """Why simulated and measured differ:
   opens); gradients are joint-graph outputs (simulated) and allocated in the step (measured)."""
 
 
+def save_plot(fig: Any, path: Path, written: list) -> None:
+    """Lay out, write (110 dpi) and close one figure; note its file name in ``written``."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path.name)
+
+
 def render_plots(out_dir: Path, step_rows: list[dict], pareto: dict, scaling: list[dict], core_rows: list[dict],
                  log: Callable[[str], None]) -> list[str]:
     try:
@@ -483,11 +493,7 @@ def render_plots(out_dir: Path, step_rows: list[dict], pareto: dict, scaling: li
             ax.grid(alpha=0.3)
         axes[1].legend(fontsize=7, loc="best")
         fig.suptitle(f"{name}: memory vs recompute cost")
-        fig.tight_layout()
-        path = out_dir / f"memory_vs_recompute_{name}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path.name)
+        save_plot(fig, out_dir / f"memory_vs_recompute_{name}.png", written)
     if scaling:
         fig, ax = plt.subplots(figsize=(6.5, 4.5))
         # one codegen mode per plot: the first measured (lazy by default)
@@ -510,11 +516,7 @@ def render_plots(out_dir: Path, step_rows: list[dict], pareto: dict, scaling: li
         ax.set_ylabel("planning time (s)")
         ax.grid(alpha=0.3, which="both")
         ax.legend()
-        fig.tight_layout()
-        path = out_dir / "planning_time.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path.name)
+        save_plot(fig, out_dir / "planning_time.png", written)
     return written
 
 
