@@ -252,9 +252,9 @@ def measure_point(name: str, point: Point, opts: StepOptions, stock_peak: Option
         _clear_grads(model)
         gc.collect()
         torch.manual_seed(_MEASURED_STEP_SEED)
-        with memory.track() as tracker:
-            loss = step()
-        row["peak_bytes"] = tracker.peak_bytes
+        measured = memory.measure_step(lambda: fn(**batch))
+        loss = measured.loss
+        row["peak_bytes"] = measured.peak_bytes
         grads = _grads(model)
         if reference is not None:
             row["grads_allclose"] = bool(len(grads) == len(reference[1])

@@ -60,12 +60,8 @@ def measure(name: str, system: str) -> tuple[int, int]:
         model.zero_grad(set_to_none=True)
         gc.collect()
         torch.manual_seed(0)
-        with memory.track() as tracked:
-            out = step(**batch)
-            forward_end = tracked.current_bytes
-            _loss_of(out).backward()
-            del out
-    return tracked.peak_bytes, forward_end
+        measured = memory.measure_step(lambda: step(**batch))
+    return measured.peak_bytes, measured.forward_bytes
 
 
 def main() -> None:
