@@ -19,20 +19,18 @@ bool in_group_candidate(const Node& node) {
   return node.fusible && node.is_forward() && node.kind == NodeKind::CallFunction && !node.rng && !node.symint;
 }
 
-// The roofline time of `flops` and `bytes` of memory traffic.
-double roofline_seconds(double flops, double bytes, const CostOptions& options) {
-  // 0 / 0 (no work on a zero-speed profile) is no time; x / 0 and anything
-  // past the range clamp to kMaxRecomputeSeconds.
-  auto part = [](double work, double speed) { return work > 0.0 ? work / speed : 0.0; };
-  const double seconds = std::max(part(flops, options.hardware.peak_flops), part(bytes, options.hardware.memory_bandwidth));
-  if (!(seconds < kMaxRecomputeSeconds)) return kMaxRecomputeSeconds;  // also NaN (negative speed)
-  return seconds > 0.0 ? seconds : 0.0;
-}
-
-// A measured time, clamped as a roofline's (a document's value is finite and >= 0).
+// A time in [0, kMaxRecomputeSeconds]: past the range (NaN too: a negative
+// speed) clamps to the maximum.
 double clamped(double seconds) {
   if (!(seconds < kMaxRecomputeSeconds)) return kMaxRecomputeSeconds;
   return seconds > 0.0 ? seconds : 0.0;
+}
+
+// The roofline time of `flops` and `bytes` of memory traffic.
+double roofline_seconds(double flops, double bytes, const CostOptions& options) {
+  // 0 / 0 (no work on a zero-speed profile) is no time; x / 0 clamps.
+  auto part = [](double work, double speed) { return work > 0.0 ? work / speed : 0.0; };
+  return clamped(std::max(part(flops, options.hardware.peak_flops), part(bytes, options.hardware.memory_bandwidth)));
 }
 
 }  // namespace
