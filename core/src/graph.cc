@@ -144,7 +144,11 @@ namespace {
 // written); the stats count the graph the core plans.
 void finish_load(LoadResult& result, const LoadOptions& options) {
   Graph& graph = result.graph;
-  if (options.elide_copies) graph.elided_copies = elide_copies(graph);
+  // elide_copies builds the users once, after it removed the copies.
+  if (options.elide_copies)
+    graph.elided_copies = elide_copies(graph);
+  else
+    graph.finalize();
   result.stats.elided_copies = graph.elided_copies.size();
   result.stats.nodes = graph.nodes.size();
   result.stats.forward_nodes = result.stats.backward_nodes = 0;
@@ -158,7 +162,6 @@ LoadResult load_graph(const std::string& json_text, const LoadOptions& options) 
   if (!options.reference_loader) {
     LoadResult result;
     if (graph_load::load_fast(json_text, options, result)) {
-      result.graph.finalize();
       finish_load(result, options);
       result.stats.fast_path = true;
       return result;
@@ -242,7 +245,6 @@ LoadResult load_graph_file(const std::string& path, const LoadOptions& options) 
         LoadResult result;
         if (graph_load::load_fast(mapped->text(), mapped->readable(), options, result)) {
           mapped.reset();  // the document is no longer needed: unmapped before the finishing passes
-          result.graph.finalize();
           finish_load(result, options);
           result.stats.fast_path = true;
           return result;
