@@ -24,7 +24,7 @@ import time
 import traceback
 from typing import Any, Callable, Optional, Sequence
 
-from benchmarks.common import ModelSpec, _first_line, _loss_of, _quiet, build_batch, build_model, hac_config
+from benchmarks.common import _first_line, _loss_of, _quiet, build_batch, build_model, hac_config
 from benchmarks.harness import checkpoint_layers
 from benchmarks.step import (_MEASURED_STEP_SEED, StepOptions, _clear_grads, _close, _grads, _max_diff,
                              _paired_with_stock)
@@ -164,6 +164,11 @@ def _hac(config_of: Callable[[Any, dict, Optional[int]], dict], per_block: bool)
     def make(model: Any, batch: dict, stock_peak: Optional[int]) -> Callable:
         config = config_of(model, batch, stock_peak)
         if per_block:
+            # Each compiled graph is one block: the whole graph is the unit (docs/config.md, ac_scope).
+            if "activation_checkpoint" in config:
+                config = {"activation_checkpoint": {**config["activation_checkpoint"], "scope": "whole_graph"}}
+            else:
+                config = {**config, "ac_scope": "whole_graph"}
             return _compile_blocks(model, hyper_ac.backend(config, compiler="inductor"))
         return _whole(model, hyper_ac.backend(config, model=model, compiler="inductor"))
 

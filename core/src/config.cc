@@ -449,6 +449,8 @@ bool inductor_buffer_reuse(const Config& config) {
   return config.buffer_reuse == BufferReuse::Inductor;
 }
 
+bool inductor_backward_horizontal_fusion(const Config& config) { return config.mode == Mode::Off; }
+
 ConfigFacts config_facts(const Config& given, const ConfigFactsOptions& options) {
   const Config config = options.runner ? with_runner(given, *options.runner) : given;
   ConfigFacts facts;
@@ -459,6 +461,7 @@ ConfigFacts config_facts(const Config& given, const ConfigFactsOptions& options)
   facts.split = config.split;
   facts.buffer_reuse = config.buffer_reuse;
   facts.inductor_buffer_reuse = inductor_buffer_reuse(config);
+  facts.inductor_backward_horizontal_fusion = inductor_backward_horizontal_fusion(config);
   facts.lambda = effective_lambda(config.mincut);
   facts.lambda_configured = config.mincut.lambda.has_value();
   facts.hardware = config.mincut.hardware;
@@ -479,6 +482,7 @@ std::string config_facts_to_json(const ConfigFacts& facts) {
               {"split", to_string(facts.split)},
               {"buffer_reuse", to_string(facts.buffer_reuse)},
               {"inductor_buffer_reuse", facts.inductor_buffer_reuse},
+              {"inductor_backward_horizontal_fusion", facts.inductor_backward_horizontal_fusion},
               {"lambda", facts.lambda},
               {"lambda_configured", facts.lambda_configured},
               {"hardware", {{"name", facts.hardware.name},

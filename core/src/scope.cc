@@ -394,7 +394,8 @@ Scope detail::resolve_scope(const Graph& graph, const NodeIndex& index, const Sc
                               : "the graph carries no live-model facts (serialise with model=...) and ";
       throw NoUnitsError("no units found: " + model +
                        "its module stacks show no container with two or more children of one module type; "
-                       "activation checkpointing cannot find the units (repeated blocks) to checkpoint");
+                       "activation checkpointing cannot find the units (repeated blocks) to checkpoint; "
+                       "when the compiled graph is itself one block (per-block compile), set ac_scope: whole_graph");
     }
   }
 

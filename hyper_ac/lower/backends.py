@@ -99,14 +99,21 @@ def stock_recomputed(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any) ->
 def write_decisions(joint: fx.GraphModule, plan: Any) -> None:
     """Write a core plan's decisions as tags PyTorch's min-cut carries out:
     every value the plan recomputes ``MUST_RECOMPUTE``, every value it saves
-    ``MUST_SAVE``, the rest untagged (min-cut decides, as stock). The model's
-    own ``ac_graph_id`` stays on the nodes it tagged (the core's plan already
+    and holds a policy for ``MUST_SAVE``, the rest untagged (min-cut decides, as
+    stock). A saved value without a policy is outside every recompute region (a
+    causal mask, rotary tables, what the loss reads): the plan did not decide
+    it, so PyTorch may rebuild it from its inputs as it does for stock and for
+    per-layer ``checkpoint_wrapper`` (docs/floor.md). The model's own
+    ``ac_graph_id`` stays on the nodes it tagged (the core's plan already
     honours those tags); hyper_ac's tags carry none."""
     from torch.utils.checkpoint import CheckpointPolicy
 
+    from hyper_ac.planning import plan_doc
+
     by_name = {node.name: node for node in joint.graph.nodes}
     recomputed = {entry["of"] for entry in plan.get("duplicates", [])}
-    saved = set(plan.get("saved", [])) - recomputed
+    decided = {name for name, _ in plan_doc.policies(plan)}
+    saved = (set(plan.get("saved", [])) & decided) - recomputed
     for node in joint.graph.nodes:
         if node.op != "call_function":
             continue
@@ -275,7 +282,12 @@ def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: s
         def compile_one_graph(*args, **kwargs):
             # Inductor compiles the backward lazily, at its first call: a config patch
             # around compile_fx alone would miss it, so each graph's compile gets its own.
-            with torch._inductor.config.patch(allow_buffer_reuse=cfg.inductor_buffer_reuse):
+            patches: dict = {"allow_buffer_reuse": cfg.inductor_buffer_reuse}
+            if kwargs.get("is_backward") and not cfg.facts["inductor_backward_horizontal_fusion"]:
+                # The core's rule (config.h): no unit's replay fused into an earlier backward.
+                # Inductor's C++ backend; its only knob for it is the fused group's size.
+                patches["cpp.max_horizontal_fusion_size"] = 1
+            with torch._inductor.config.patch(patches):
                 return compile_fx_inner(*args, **kwargs)
 
         compile_inductor.partition_fn = step  # type: ignore[attr-defined]

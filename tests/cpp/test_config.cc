@@ -163,10 +163,13 @@ TEST_CASE("config_facts derives what callers act on", "[config][facts]") {
   const ConfigFacts off = config_facts(parse_config(R"({"ac_mode": "off"})"));
   CHECK_FALSE(off.plans);
   CHECK(off.inductor_buffer_reuse);  // auto: stock's reuse in mode off
+  CHECK(off.inductor_backward_horizontal_fusion);  // mode off: stock's backward, fused as stock fuses it
   const ConfigFacts automatic = config_facts(parse_config(R"({"ac_mode": "auto", "ac_hardware": "h100"})"));
   CHECK(automatic.plans);
   CHECK(automatic.compare_with_stock);
   CHECK_FALSE(automatic.inductor_buffer_reuse);
+  CHECK_FALSE(automatic.inductor_backward_horizontal_fusion);  // no replay fused into an earlier backward
+  CHECK_FALSE(config_facts(parse_config(R"({"ac_mode": "full"})")).inductor_backward_horizontal_fusion);
   CHECK_FALSE(automatic.lambda_configured);
   CHECK(automatic.lambda == 3.35e12 / 4.0);
   CHECK_FALSE(config_facts(parse_config(R"({"ac_mode": "full"})")).compare_with_stock);

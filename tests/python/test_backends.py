@@ -16,14 +16,16 @@ from hyper_ac import memory, models
 
 
 def _inductor_step(model, batch, config):
-    """One compiled step; returns (loss, grads, [(is_backward, allow_buffer_reuse) per compiled graph], peak)."""
+    """One compiled step; returns (loss, grads, [(is_backward, allow_buffer_reuse, cpp horizontal fusion size)
+    per compiled graph], peak)."""
     import torch._inductor.compile_fx as compile_fx_module
 
     seen: list = []
     real = compile_fx_module.compile_fx_inner
 
     def spy(*args, **kwargs):
-        seen.append((bool(kwargs.get("is_backward")), torch._inductor.config.allow_buffer_reuse))
+        seen.append((bool(kwargs.get("is_backward")), torch._inductor.config.allow_buffer_reuse,
+                     torch._inductor.config.cpp.max_horizontal_fusion_size))
         return real(*args, **kwargs)
 
     torch._dynamo.reset()
@@ -59,8 +61,15 @@ def test_buffer_reuse_reaches_forward_and_backward(model_and_batch, config, reus
     ref_loss = ref(**batch)
     ref_loss.backward()
     loss, grads, seen, _ = _inductor_step(copy.deepcopy(model), batch, config)
-    assert sorted({backward for backward, _ in seen}) == [False, True], f"expected a forward and a backward: {seen}"
-    assert all(allowed is reuse for _, allowed in seen), seen
+    assert sorted({backward for backward, _, _ in seen}) == [False, True], f"expected a forward and a backward: {seen}"
+    assert all(allowed is reuse for _, allowed, _ in seen), seen
+    # Horizontal fusion (core's inductor_backward_horizontal_fusion): stock's in mode off and in
+    # every forward; none in a planned backward, where it would hoist one unit's replay into the
+    # backward of the next (docs/floor.md).
+    stock_size = torch._inductor.config.cpp.max_horizontal_fusion_size
+    for backward, _, size in seen:
+        planned_backward = backward and config["ac_mode"] != "off"
+        assert size == (1 if planned_backward else stock_size), seen
     torch.testing.assert_close(loss, ref_loss.detach(), rtol=1e-5, atol=1e-6)
     for name, p in ref.named_parameters():
         torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-6)
@@ -78,3 +87,24 @@ def test_no_reuse_never_raises_the_measured_peak(model_and_batch):
 def test_buffer_reuse_with_the_eager_compiler_warns():
     with pytest.warns(UserWarning, match="buffer_reuse: none applies to compiler='inductor' only"):
         hyper_ac.backend({"ac_mode": "auto", "ac_buffer_reuse": "none"})
+
+
+def test_write_decisions_tags_only_what_the_plan_decided():
+    # The tag route (compiler="inductor"): a duplicated value is MUST_RECOMPUTE, a saved value
+    # the plan holds a policy for MUST_SAVE, and a saved value outside every recompute region
+    # (no policy: a causal mask, rotary tables) is left untagged for PyTorch's min-cut.
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from hyper_ac import fx_meta
+    from hyper_ac.lower.backends import write_decisions
+
+    def step(x, w, m):
+        return torch.mul(torch.relu(torch.mm(x, w)), torch.tril(m))
+
+    joint = torch.fx.symbolic_trace(step)
+    plan = {"form": "compact", "policies": {"MUST_SAVE": ["mm"], "PREFER_RECOMPUTE": ["relu"]},
+            "saved": ["mm", "tril"], "duplicates": [{"before": "mul", "of": "relu", "private_get_attrs": []}]}
+    write_decisions(joint, plan)
+    tags = {node.name: fx_meta.policy(node) for node in joint.graph.nodes if node.op == "call_function"}
+    assert tags == {"mm": CheckpointPolicy.MUST_SAVE, "relu": CheckpointPolicy.MUST_RECOMPUTE,
+                    "tril": None, "mul": None}, tags

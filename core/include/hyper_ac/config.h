@@ -164,6 +164,14 @@ Config with_runner(Config config, Compiler runner);
 // reused buffer can outlive the plan's simulated lifetimes.
 bool inductor_buffer_reuse(const Config& config);
 
+// Whether Inductor may fuse independent kernels side by side (horizontal
+// fusion) in the backward graphs it compiles for `config`: only in mode off.
+// A horizontally fused kernel runs where its earliest part would, so a unit's
+// replay fused with the next unit's (they read the same weights or rotary
+// tables) runs before that unit's backward and stays live through it: on the
+// bench models that raised `full`'s measured peak by 20-25% (docs/floor.md).
+bool inductor_backward_horizontal_fusion(const Config& config);
+
 // What a config resolves to, derived once here so that callers (the Python
 // backend, the CLI) only read it.
 struct ConfigFactsOptions {
@@ -184,6 +192,7 @@ struct ConfigFacts {
   SplitMethod split = SplitMethod::Native;
   BufferReuse buffer_reuse = BufferReuse::Auto;
   bool inductor_buffer_reuse = true;  // inductor_buffer_reuse(config)
+  bool inductor_backward_horizontal_fusion = true;  // inductor_backward_horizontal_fusion(config)
   double lambda = 0.0;                // effective_lambda
   bool lambda_configured = false;     // the config sets lambda (else derived from the hardware)
   HardwareProfile hardware;           // with `compiler`: the recompute cost options (CostOptions)
