@@ -404,6 +404,10 @@ def test_pass_and_backend_apis():
     args = [torch.ones(2)]
     assert torch.equal(gm.forward(args), torch.ones(2)) and args == []  # the boxed code clears its inputs
     assert callable(compile_fx_inner) and "is_backward" in _CompileFxKwargs.__annotations__
+    # The backward without horizontal fusion (docs/floor.md): the C++ backend's group size knob.
+    assert isinstance(torch._inductor.config.cpp.max_horizontal_fusion_size, int)
+    with torch._inductor.config.patch({"cpp.max_horizontal_fusion_size": 1}):
+        assert torch._inductor.config.cpp.max_horizontal_fusion_size == 1
     assert isinstance(select_decomp_table(), dict)
 
 
