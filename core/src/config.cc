@@ -258,12 +258,13 @@ void parse_lambda(const json& value, const std::string& key, Config& config) {
 }
 
 ScopeRule parse_scope_rule(const json& value, const std::string& key) {
-  if (!value.is_string()) fail(key, std::string("must be a string (auto, units or whole_graph), got ") + value.type_name());
+  if (!value.is_string()) fail(key, std::string("must be a string (auto, units, whole_graph or unit_graph), got ") + value.type_name());
   const std::string text = value.get<std::string>();
   if (text == "auto") return ScopeRule::Auto;
   if (text == "units") return ScopeRule::Units;
   if (text == "whole_graph") return ScopeRule::WholeGraph;
-  fail(key, "unknown scope '" + text + "' (expected auto, units or whole_graph)");
+  if (text == "unit_graph") return ScopeRule::UnitGraph;
+  fail(key, "unknown scope '" + text + "' (expected auto, units, whole_graph or unit_graph)");
   return ScopeRule::Auto;
 }
 

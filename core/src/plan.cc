@@ -195,15 +195,29 @@ Evaluation evaluate_indexed(const Graph& graph, const detail::NodeIndex& index, 
   return evaluation;
 }
 
-// The budget as a simulated peak (everything resident included). Absolute
-// sizes are that peak. A fraction f keeps f of the all-saved activation bytes:
-// the all-saved step's peak less (1 - f) of the activations its backward reads.
-// Saturates to [0, kMaxBytes]: a budget at or past 2^63 bytes is above any
-// simulated peak (those saturate there too), so it means no limit.
-std::int64_t budget_target(const Graph& graph, const MemoryBudget& budget, const SimulateResult& all_saved) {
+// The memory figure a plan is scored by: the simulated peak (everything
+// resident included), or, for a graph that is one unit of a model compiled
+// unit by unit (scope unit_graph), the bytes its forward saves for the
+// backward: those stack up over the model's units, while the graph's own
+// transient peak occurs once.
+std::int64_t scored_bytes(const Evaluation& evaluation, const Scope& scope) {
+  return scope.unit_graph ? evaluation.saved_bytes : evaluation.simulated_peak_bytes;
+}
+
+const char* scored_figure(const Scope& scope) { return scope.unit_graph ? "saved bytes" : "simulated peak"; }
+
+// The budget as a scored figure (scored_bytes). Absolute sizes are that
+// figure. A fraction f keeps f of the all-saved activation bytes: the
+// all-saved step's peak less (1 - f) of the activations its backward reads;
+// under unit_graph, f of the bytes the all-saved forward saves. Saturates to
+// [0, kMaxBytes]: a budget at or past 2^63 bytes is above any figure (those
+// saturate there too), so it means no limit.
+std::int64_t budget_target(const Graph& graph, const MemoryBudget& budget, const SimulateResult& all_saved,
+                           const Scope& scope) {
   if (const auto* bytes = std::get_if<BudgetBytes>(&budget)) return bytes_from_double(bytes->bytes);
   const double fraction = std::get<BudgetFraction>(budget).fraction;
   double activations = static_cast<double>(summarize(graph).activation_bytes_read_by_backward);
+  if (scope.unit_graph) return bytes_from_double(fraction * activations);
   return bytes_from_double(static_cast<double>(all_saved.peak_bytes_with_resident) - (1.0 - fraction) * activations);
 }
 
@@ -236,9 +250,9 @@ struct Descent {
 };
 
 Descent descend_within_budget(const Graph& graph, const detail::NodeIndex& index, const std::vector<Policy>& tags,
-                              std::vector<Policy> policies, std::int64_t target, const CostOptions& cost,
-                              const RematOptions& schedule, SecondsCache& seconds, Evaluation& chosen,
-                              PlanTimings& timings) {
+                              std::vector<Policy> policies, std::int64_t target, const Scope& scope,
+                              const CostOptions& cost, const RematOptions& schedule, SecondsCache& seconds,
+                              Evaluation& chosen, PlanTimings& timings) {
   Descent descent;
   const std::size_t per_evaluation = std::max<std::size_t>(graph.nodes.size(), 1);
   const std::size_t cap = std::min(kBudgetDescentEvaluations, std::max<std::size_t>(kBudgetDescentWork / per_evaluation, 1));
@@ -269,7 +283,7 @@ Descent descend_within_budget(const Graph& graph, const detail::NodeIndex& index
       trial[v] = Policy::PreferSave;
       Evaluation evaluation = evaluate_indexed(graph, index, trial, cost, schedule, &timings, &seconds);
       ++descent.evaluations;
-      if (evaluation.simulated_peak_bytes > target || !(evaluation.recompute_seconds < chosen.recompute_seconds)) continue;
+      if (scored_bytes(evaluation, scope) > target || !(evaluation.recompute_seconds < chosen.recompute_seconds)) continue;
       evaluation.lambda = chosen.lambda;
       chosen = std::move(evaluation);
       policies = std::move(trial);
@@ -285,7 +299,8 @@ Descent descend_within_budget(const Graph& graph, const detail::NodeIndex& index
 // peak, with a warning.
 Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& index, const Config& config,
                                 const StageOptions& stages, const SimulateResult& all_saved, PlanResult& result) {
-  const std::int64_t target = budget_target(graph, config.mincut.memory_budget, all_saved);
+  const Scope& scope = result.scope;
+  const std::int64_t target = budget_target(graph, config.mincut.memory_budget, all_saved, scope);
   result.stats.budget_bytes = target;
   ParetoResult frontier;
   {
@@ -300,13 +315,15 @@ Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& ind
   for (const auto& point : frontier.points) {
     Evaluation evaluation = evaluate_indexed(graph, index, point.policies, stages.cost, schedule, &result.timings, &seconds);
     evaluation.lambda = point.lambda;
-    if (evaluation.simulated_peak_bytes <= target) {
+    if (scored_bytes(evaluation, scope) <= target) {
       chosen = std::move(evaluation);
       met = any = true;
       fitting = &point.policies;
       break;
     }
-    if (!any || evaluation.simulated_peak_bytes < chosen.simulated_peak_bytes) {
+    if (!any || scored_bytes(evaluation, scope) < scored_bytes(chosen, scope) ||
+        (scored_bytes(evaluation, scope) == scored_bytes(chosen, scope) &&
+         evaluation.simulated_peak_bytes < chosen.simulated_peak_bytes)) {
       chosen = std::move(evaluation);
       any = true;
     }
@@ -316,8 +333,8 @@ Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& ind
   }
   if (met) {
     const double frontier_seconds = chosen.recompute_seconds;
-    const Descent descent = descend_within_budget(graph, index, result.tags.policies, *fitting, target, stages.cost,
-                                                  schedule, seconds, chosen, result.timings);
+    const Descent descent = descend_within_budget(graph, index, result.tags.policies, *fitting, target, scope,
+                                                  stages.cost, schedule, seconds, chosen, result.timings);
     if (descent.saved_again > 0 || descent.bounded)
       result.diagnostics.push_back(
           {Severity::Info, -1,
@@ -331,9 +348,9 @@ Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& ind
   if (!met) {
     result.diagnostics.push_back(
         {Severity::Warning, -1,
-         "memory budget " + format_bytes(target) + " (simulated peak)" +
-             " cannot be met: the smallest simulated peak reachable is " +
-             format_bytes(any ? chosen.simulated_peak_bytes : 0) + "; using that plan"});
+         "memory budget " + format_bytes(target) + " (" + scored_figure(scope) + ")" + " cannot be met: the smallest " +
+             scored_figure(scope) + " reachable is " + format_bytes(any ? scored_bytes(chosen, scope) : 0) +
+             "; using that plan"});
   }
   if (!frontier.complete)
     result.diagnostics.push_back({Severity::Info, -1,
@@ -365,7 +382,7 @@ Evaluation choose_knee(const Graph& graph, const detail::NodeIndex& index, const
     evaluation.lambda = point.lambda;
     const bool fits = evaluation.recompute_seconds <= allowance;
     const bool better = !any || (fits && !within) ||
-                        (fits == within && within && evaluation.simulated_peak_bytes < chosen.simulated_peak_bytes);
+                        (fits == within && within && scored_bytes(evaluation, result.scope) < scored_bytes(chosen, result.scope));
     if (better) {
       within = within || fits;
       chosen = std::move(evaluation);
@@ -379,7 +396,7 @@ Evaluation choose_knee(const Graph& graph, const detail::NodeIndex& index, const
   result.diagnostics.push_back(
       {Severity::Info, -1,
        "auto (hardware: measured) chose the knee: lambda " + std::string(lambda) +
-           ", simulated peak " + format_bytes(chosen.simulated_peak_bytes) + ", recompute " +
+           ", " + scored_figure(result.scope) + " " + format_bytes(scored_bytes(chosen, result.scope)) + ", recompute " +
            format_seconds(chosen.recompute_seconds) + " = " + ratio + " of the step's " + format_seconds(base) +
            " (aim: least peak at <= 1.02x step time; " + std::to_string(frontier.points.size()) + " frontier points" +
            (within || !any ? "" : "; none within 2%: the least-recompute one") + ")"});
@@ -431,19 +448,23 @@ void compare_with_stock(const Graph& graph, const detail::NodeIndex& index, cons
   }
   const Evaluation scored = evaluate_indexed(graph, index, stock, cost, schedule, &result.timings);
   result.stats.stock_simulated_peak = scored.simulated_peak_bytes;
-  if (evaluation.simulated_peak_bytes < scored.simulated_peak_bytes) return;
+  // Strictly lower on the scored figure (scored_bytes: the peak, or a unit
+  // graph's saved bytes, with its peak no higher than stock's).
+  const Scope& scope = result.scope;
+  const std::int64_t own = scored_bytes(evaluation, scope), theirs = scored_bytes(scored, scope);
+  if (own < theirs && (!scope.unit_graph || evaluation.simulated_peak_bytes <= scored.simulated_peak_bytes)) return;
   std::vector<Policy> kept = result.tags.policies;
   for (Policy& policy : kept)
     if (policy == Policy::PreferRecompute) policy = Policy::PreferSave;
-  const std::int64_t own_peak = evaluation.simulated_peak_bytes;
   const double lambda = evaluation.lambda;
   evaluation = evaluate_indexed(graph, index, kept, cost, schedule, &result.timings);
   evaluation.lambda = lambda;
   result.stats.stock_fallback = true;
   result.diagnostics.push_back(
       {Severity::Info, -1,
-       "auto's plan (simulated peak " + format_bytes(own_peak) + ") is not below the stock partition's (" +
-           format_bytes(scored.simulated_peak_bytes) + "): the graph is left to the stock partition"});
+       std::string("auto's plan (") + scored_figure(scope) + " " + format_bytes(own) +
+           ") is not below the stock partition's (" + format_bytes(theirs) +
+           (scope.unit_graph ? ", at a simulated peak no higher" : "") + "): the graph is left to the stock partition"});
 }
 
 // The route rule, in one place: a plan that duplicates nothing on a graph the
@@ -550,7 +571,7 @@ void run_plan(const Graph& graph, const PlanOptions& options, PlanResult& result
   for (const auto& note : result.scope.diagnostics) result.diagnostics.push_back(note);
   result.stats.units = result.scope.units.size();
   result.stats.selected_units = result.scope.selected_units.size();
-  result.stats.scope = result.scope.whole_graph ? "whole_graph" : "units";
+  result.stats.scope = result.scope.unit_graph ? "unit_graph" : result.scope.whole_graph ? "whole_graph" : "units";
   result.stats.regions = result.scope.regions.size();
 
   {
@@ -626,7 +647,7 @@ void run_plan(const Graph& graph, const PlanOptions& options, PlanResult& result
   // (the step's peak is set elsewhere, say by the gradients): say so, since the
   // recompute is then pure cost. auto compares with stock; budget reports its target.
   if ((config.mode == Mode::Full || config.mode == Mode::Selective) && !result.remat.duplicates.empty() &&
-      result.stats.simulated_peak_after >= result.stats.simulated_peak_before)
+      !result.scope.unit_graph && result.stats.simulated_peak_after >= result.stats.simulated_peak_before)
     result.diagnostics.push_back(
         {Severity::Warning, -1,
          std::string("mode ") + to_string(config.mode) + " replays " + std::to_string(result.remat.duplicates.size()) +

@@ -325,6 +325,7 @@ const char* to_string(ScopeRule rule) {
     case ScopeRule::Auto: return "auto";
     case ScopeRule::Units: return "units";
     case ScopeRule::WholeGraph: return "whole_graph";
+    case ScopeRule::UnitGraph: return "unit_graph";
   }
   return "auto";
 }
@@ -339,6 +340,7 @@ Scope whole_graph_scope(const Graph& graph, const detail::NodeIndex& index, cons
                      "); drop the selection or use scope: units");
   Scope scope;
   scope.whole_graph = true;
+  scope.unit_graph = options.rule == ScopeRule::UnitGraph;
   scope.regions.push_back("");
   scope.region_output_recompute.push_back(false);
   if (!options.exclude.empty()) {
@@ -363,7 +365,10 @@ Scope whole_graph_scope(const Graph& graph, const detail::NodeIndex& index, cons
         break;
       }
   }
-  scope.diagnostics.push_back({Severity::Info, -1, "scope: whole_graph (" + why + "): one region over the whole forward"});
+  scope.diagnostics.push_back({Severity::Info, -1,
+                               std::string("scope: ") + (scope.unit_graph ? "unit_graph" : "whole_graph") + " (" + why +
+                                   "): one region over the whole forward" +
+                                   (scope.unit_graph ? ", scored by the bytes it saves for the backward" : "")});
   return scope;
 }
 
@@ -376,6 +381,8 @@ Scope resolve_scope(const Graph& graph, const ScopeOptions& options) {
 Scope detail::resolve_scope(const Graph& graph, const NodeIndex& index, const ScopeOptions& options) {
   if (options.rule == ScopeRule::WholeGraph)
     return whole_graph_scope(graph, index, options, "scope: whole_graph in the config");
+  if (options.rule == ScopeRule::UnitGraph)
+    return whole_graph_scope(graph, index, options, "scope: unit_graph in the config");
   Scope scope;
   {
     // No live model, or one without the gradient_checkpointing marker: the
@@ -395,7 +402,7 @@ Scope detail::resolve_scope(const Graph& graph, const NodeIndex& index, const Sc
       throw NoUnitsError("no units found: " + model +
                        "its module stacks show no container with two or more children of one module type; "
                        "activation checkpointing cannot find the units (repeated blocks) to checkpoint; "
-                       "when the compiled graph is itself one block (per-block compile), set ac_scope: whole_graph");
+                       "when the compiled graph is itself one block (per-block compile), set ac_scope: unit_graph");
     }
   }
 

@@ -149,6 +149,13 @@ class Config:
         a config that already names inductor keeps it (``hyper_ac::with_runner``)."""
         return Config(json.loads(_core.with_runner(self.to_json(), compiler)), self.source)
 
+    def with_option(self, key: str, value: Any) -> "Config":
+        """This config with one ``activation_checkpoint`` key set (nested name, e.g. ``"scope"``),
+        validated again by the core: the one way to set an option on a config of either form."""
+        data = json.loads(self.to_json())
+        data["activation_checkpoint"][key] = value
+        return load_config(data)
+
     @property
     def split_method(self) -> str:
         """Config key ``split``. ``native`` (default): the backend builds the forward and backward modules from the

@@ -537,3 +537,126 @@ TEST_CASE("unitless_to_stock routes a graph without units to stock, with a warni
   const Graph units = activation_heavy(2).graph();
   CHECK(plan(units, options).route.reason == "recomputes");
 }
+
+namespace {
+
+// One block compiled on its own (per-block compile): the block input is an
+// activation (role input), and a 16x wide transient in the forward sets the
+// graph's peak whatever is saved, while the saved values (r, m, out) are what
+// stacks up over a model's blocks.
+GraphBuilder one_wide_block() {
+  const std::int64_t A = 1 << 20;
+  GraphBuilder b;
+  auto op = [&](const std::string& name, const std::string& target, std::vector<std::string> inputs,
+                std::int64_t bytes, double flops, const std::string& phase = "forward") {
+    b.sized(name, target, std::move(inputs), phase == "forward" ? "mlp" : "", bytes, flops, phase);
+  };
+  b.placeholder("x", "input", A).placeholder("w", "parameter", 4096).placeholder("v", "parameter", 4096);
+  op("h", "aten::mm.default", {"x", "w"}, A, 4e9);
+  op("wide", "aten::repeat.default", {"h"}, 16 * A, 0);
+  op("r", "aten::sum.dim_IntList", {"wide"}, A, 0);
+  op("g", "aten::gelu.default", {"r"}, A, 0);
+  op("m", "aten::mul.Tensor", {"g", "x"}, A, 0);
+  op("y", "aten::mm.default", {"m", "v"}, A, 4e9);
+  op("out", "aten::tanh.default", {"y"}, A, 0);
+  b.placeholder("t", "tangent", A, "backward");
+  op("g_y", "aten::tanh_backward.default", {"t", "out"}, A, 0, "backward");
+  op("g_v", "aten::mm.default", {"m", "g_y"}, 4096, 4e9, "backward");
+  op("g_m", "aten::mm.default", {"g_y", "v"}, A, 4e9, "backward");
+  op("g_g", "aten::mul.Tensor", {"g_m", "x"}, A, 0, "backward");
+  op("g_r", "aten::gelu_backward.default", {"g_g", "r"}, A, 0, "backward");
+  op("g_w", "aten::mm.default", {"x", "g_r"}, 4096, 4e9, "backward");
+  op("g_x", "aten::mm.default", {"g_r", "w"}, A, 4e9, "backward");
+  b.output({"out", "g_x", "g_w", "g_v"});
+  return b;
+}
+
+PlanOptions scoped_options(const std::string& mode_and_budget, const std::string& scope) {
+  PlanOptions options;
+  options.config = parse_config("{" + mode_and_budget + R"(, "ac_scope": ")" + scope + "\"}");
+  options.op_policy = parse_op_policy(kTable);
+  return options;
+}
+
+}  // namespace
+
+// scope unit_graph (per-block compile): the graph's own peak is a transient
+// no plan moves, so whole_graph's budget (on that peak) cannot be met below
+// it; unit_graph scores the bytes the forward saves, and its fraction keeps f
+// of the all-saved activation bytes the backward reads, with less saved as f falls.
+TEST_CASE("unit_graph: a block's budget is on the bytes it saves, not its transient peak", "[plan][budget][scope]") {
+  const auto b = one_wide_block();
+  const Graph graph = b.graph();
+  const double activations = static_cast<double>(summarize(graph).activation_bytes_read_by_backward);
+  REQUIRE(activations > 0);
+
+  const PlanResult whole = plan(graph, scoped_options(R"("ac_mode": "budget", "ac_memory_budget": 0.5)", "whole_graph"));
+  CHECK(whole.stats.scope == "whole_graph");
+  CHECK_FALSE(whole.stats.budget_met);  // the wide transient sets the peak
+  CHECK(whole.stats.simulated_peak_after == whole.stats.simulated_peak_before);
+
+  std::int64_t last_saved = std::numeric_limits<std::int64_t>::max();
+  std::set<std::int64_t> distinct;
+  for (double f : {1.0, 0.8, 0.6, 0.5, 0.3, 0.1}) {
+    INFO("fraction " << f);
+    const PlanResult r =
+        plan(graph, scoped_options(R"("ac_mode": "budget", "ac_memory_budget": )" + std::to_string(f), "unit_graph"));
+    CHECK(r.stats.scope == "unit_graph");
+    CHECK(static_cast<double>(r.stats.budget_bytes) == Approx(f * activations).margin(2.0));
+    if (r.stats.budget_met) CHECK(r.remat.stats.saved_bytes_after <= r.stats.budget_bytes);
+    CHECK(r.remat.stats.saved_bytes_after <= last_saved);
+    last_saved = r.remat.stats.saved_bytes_after;
+    distinct.insert(last_saved);
+    if (!r.stats.budget_met)
+      CHECK(std::any_of(r.diagnostics.begin(), r.diagnostics.end(), [](const auto& d) {
+        return d.message.find("(saved bytes) cannot be met: the smallest saved bytes reachable") != std::string::npos;
+      }));
+  }
+  CHECK(distinct.size() >= 3);  // the fraction changes the answer
+  const PlanResult at_half =
+      plan(graph, scoped_options(R"("ac_mode": "budget", "ac_memory_budget": 0.5)", "unit_graph"));
+  CHECK(at_half.stats.budget_met);
+  CHECK(at_half.remat.stats.saved_bytes_after < whole.remat.stats.saved_bytes_after);
+
+  // full under unit_graph says nothing about a peak it was not asked to lower.
+  const PlanResult full = plan(graph, scoped_options(R"("ac_mode": "full")", "unit_graph"));
+  CHECK(full.remat.stats.saved_bytes_after < full.remat.stats.saved_bytes_before);
+  CHECK(std::none_of(full.diagnostics.begin(), full.diagnostics.end(),
+                     [](const auto& d) { return d.message.find("does not lower the simulated peak") != std::string::npos; }));
+  const PlanResult full_whole = plan(graph, scoped_options(R"("ac_mode": "full")", "whole_graph"));
+  CHECK(std::any_of(full_whole.diagnostics.begin(), full_whole.diagnostics.end(),
+                    [](const auto& d) { return d.message.find("does not lower the simulated peak") != std::string::npos; }));
+}
+
+// auto's stock comparison under unit_graph: on the saved bytes, the simulated
+// peak no higher. Stock recomputing nothing saves more: auto keeps its plan;
+// stock recomputing auto's own set is a tie: stock's partition.
+TEST_CASE("unit_graph: auto compares its saved bytes with stock's", "[plan][stock][scope]") {
+  const auto b = one_wide_block();
+  const Graph graph = b.graph();
+  PlanOptions options = scoped_options(R"("ac_mode": "auto", "ac_lambda": 1e9)", "unit_graph");
+  const PlanResult own = plan(graph, options);
+  REQUIRE_FALSE(own.remat.duplicates.empty());
+  REQUIRE(own.remat.stats.saved_bytes_after < own.remat.stats.saved_bytes_before);
+  options.stock_recomputed = std::vector<std::string>{};
+  const PlanResult beats = plan(graph, options);
+  CHECK_FALSE(beats.stats.stock_fallback);
+  CHECK(beats.remat.duplicates.size() == own.remat.duplicates.size());
+  std::vector<std::string> same;
+  for (const auto& dup : own.remat.duplicates) same.push_back(graph.nodes[static_cast<std::size_t>(dup.of)].name);
+  options.stock_recomputed = same;
+  const PlanResult tie = plan(graph, options);
+  CHECK(tie.stats.stock_fallback);
+  CHECK(tie.route.reason == "stock_not_worse");
+  CHECK(std::any_of(tie.diagnostics.begin(), tie.diagnostics.end(), [](const auto& d) {
+    return d.message.find("auto's plan (saved bytes") != std::string::npos;
+  }));
+  // Replay nearly free (lambda 1): auto also replays the wide transient, saving
+  // less than stock but peaking above it in the backward: stock's partition.
+  PlanOptions free_replay = scoped_options(R"("ac_mode": "auto", "ac_lambda": 1)", "unit_graph");
+  const PlanResult greedy = plan(graph, free_replay);
+  REQUIRE(greedy.remat.stats.saved_bytes_after < greedy.remat.stats.saved_bytes_before);
+  REQUIRE(greedy.stats.simulated_peak_after > greedy.stats.simulated_peak_before);
+  free_replay.stock_recomputed = std::vector<std::string>{};
+  CHECK(plan(graph, free_replay).stats.stock_fallback);
+}

@@ -282,6 +282,16 @@ TEST_CASE("whole-graph scope: auto/budget plan a graph without units as one regi
   options.rule = ScopeRule::WholeGraph;
   options.whole_graph_when_no_units = false;
   CHECK(resolve_scope(b.graph(), options).whole_graph);
+  CHECK_FALSE(resolve_scope(b.graph(), options).unit_graph);
+  // unit_graph: the same one region, marked as one unit of a per-block compile.
+  options.rule = ScopeRule::UnitGraph;
+  const Scope unit = resolve_scope(b.graph(), options);
+  CHECK(unit.whole_graph);
+  CHECK(unit.unit_graph);
+  CHECK(unit.regions == std::vector<std::string>{""});
+  CHECK(std::string(to_string(ScopeRule::UnitGraph)) == "unit_graph");
   options.unit_count = 1;
+  CHECK_THROWS_AS(resolve_scope(b.graph(), options), ScopeError);
+  options.rule = ScopeRule::WholeGraph;
   CHECK_THROWS_AS(resolve_scope(b.graph(), options), ScopeError);
 }

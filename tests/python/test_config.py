@@ -252,3 +252,14 @@ def test_default_op_table_is_the_shipped_one_everywhere():
     shipped = _core.plan(graph, cfg)
     assert shipped == _core.plan(graph, cfg, op_policy_json(DEFAULT_OP_POLICY))
     assert shipped != _core.plan(graph, cfg, "")  # "" is no table: selective then decides otherwise
+
+
+def test_with_option_sets_one_key_on_either_form():
+    # Flat and nested forms give the same canonical config; the other keys stay; the core validates the value.
+    flat = load_config({"ac_mode": "budget", "ac_memory_budget": 0.5}).with_option("scope", "unit_graph")
+    nested = load_config({"activation_checkpoint": {"mode": "budget", "memory_budget": 0.5}}).with_option("scope", "unit_graph")
+    assert flat.data == nested.data
+    assert flat.data["activation_checkpoint"]["scope"] == "unit_graph"
+    assert flat.data["activation_checkpoint"]["memory_budget"] == 0.5
+    with pytest.raises(ConfigError, match="scope"):
+        load_config("full").with_option("scope", "everything")

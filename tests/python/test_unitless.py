@@ -149,8 +149,9 @@ def test_whole_graph_scope_plans_cos3_like_min_cut():
 
 
 def test_scope_key_is_validated():
-    with pytest.raises(ValueError, match="scope.*whole_graph"):
+    with pytest.raises(ValueError, match="scope.*whole_graph or unit_graph"):
         hyper_ac.load_config({"ac_mode": "auto", "ac_scope": "everything"})
+    assert hyper_ac.load_config({"ac_mode": "auto", "ac_scope": "unit_graph"}).data["activation_checkpoint"]["scope"] == "unit_graph"
 
 
 # ---------------------------------------------------------------- the model's own tags

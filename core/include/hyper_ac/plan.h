@@ -58,7 +58,8 @@ struct PlanStats {
   std::size_t regions = 0;
   std::size_t units = 0;
   std::size_t selected_units = 0;
-  std::string scope = "units";               // "units", "whole_graph" (one region over the whole forward) or
+  std::string scope = "units";               // "units", "whole_graph" (one region over the whole forward),
+                                             // "unit_graph" (the same, scored by saved bytes: ScopeRule) or
                                              // "no_units" (none found, routed to stock: unitless_to_stock)
   std::size_t user_tagged = 0;               // nodes whose policy the model's own checkpointing set
   double lambda = 0.0;                       // min-cut modes: the λ of the chosen cut

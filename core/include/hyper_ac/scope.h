@@ -32,9 +32,14 @@ class NoUnitsError : public ScopeError {
 //               (the min-cut modes), otherwise NoUnitsError.
 //  units:       the units only; a graph without units raises NoUnitsError.
 //  whole_graph: one region, every forward node (no units, no cross-unit rule).
-enum class ScopeRule { Auto, Units, WholeGraph };
+//  unit_graph:  the graph is itself one unit of a model compiled unit by unit
+//               (per-block compile): one region as whole_graph, and the plan
+//               is scored by the bytes its forward saves for the backward,
+//               since those stack up over the model's units while the graph's
+//               own transient peak occurs once (plan.h, PlanStats::scope).
+enum class ScopeRule { Auto, Units, WholeGraph, UnitGraph };
 
-const char* to_string(ScopeRule rule);  // "auto", "units", "whole_graph"
+const char* to_string(ScopeRule rule);  // "auto", "units", "whole_graph", "unit_graph"
 
 struct ScopeOptions {
   // See ScopeRule; config key `scope`.
@@ -72,6 +77,9 @@ struct Scope {
   bool units_from_model = false;  // live-model facts vs module-stack discovery
   // One region over the whole forward (no units were found, or the config asked for it).
   bool whole_graph = false;
+  // ScopeRule::UnitGraph: the graph is one unit of a model compiled unit by
+  // unit (whole_graph is set too).
+  bool unit_graph = false;
   std::vector<Diagnostic> diagnostics;  // e.g. "unit selection matched zero units"
 };
 
