@@ -332,7 +332,37 @@ const char* to_string(ScopeRule rule) {
 
 namespace {
 
-// One region, named "" (the root), over every forward node; exclusions still apply.
+// The exclusion roots (outermost matches of options.exclude), checked against
+// the regions: an exclusion must lie inside a region, never be one or hold one.
+void resolve_exclusions(const std::vector<ModuleFrame>& universe, const ScopeOptions& options, Scope& scope) {
+  if (options.exclude.empty()) return;
+  std::vector<bool> used(options.exclude.size(), false);
+  scope.excluded = outermost_matches(universe, {}, options.exclude, used);
+  for (std::size_t p = 0; p < used.size(); ++p)
+    if (!used[p]) throw ScopeError("exclude pattern '" + options.exclude[p] + "' matches no module");
+  for (const auto& root : scope.regions)
+    for (const auto& excluded : scope.excluded) {
+      if (root == excluded)
+        throw ScopeError("region root '" + root + "' is also excluded; drop it from the exclude patterns or the regions");
+      if (at_or_under(root, excluded))
+        throw ScopeError("exclusion '" + excluded + "' contains region root '" + root +
+                         "'; an exclusion must lie inside a region");
+    }
+}
+
+// Per region: whether options.output_recompute names it. The whole-graph
+// region "" has no consumer outside it, so never.
+void mark_output_recompute(const ScopeOptions& options, Scope& scope) {
+  for (const auto& root : scope.regions) {
+    bool on = !root.empty() && std::any_of(options.output_recompute.begin(), options.output_recompute.end(),
+                                           [&](const std::string& pattern) { return fqn_matches(pattern, root); });
+    scope.region_output_recompute.push_back(on);
+  }
+}
+
+// The whole graph as the scope: one region, named "" (the root), over every
+// forward node, or, with regions.include, the modules it matches anywhere in
+// the graph; exclusions apply either way.
 Scope whole_graph_scope(const Graph& graph, const detail::NodeIndex& index, const ScopeOptions& options,
                         const std::string& why) {
   if (options.unit_count || options.unit_indices)
@@ -341,34 +371,39 @@ Scope whole_graph_scope(const Graph& graph, const detail::NodeIndex& index, cons
   Scope scope;
   scope.whole_graph = true;
   scope.unit_graph = options.rule == ScopeRule::UnitGraph;
-  scope.regions.push_back("");
-  scope.region_output_recompute.push_back(false);
-  if (!options.exclude.empty()) {
-    const std::vector<ModuleFrame> universe = module_universe(graph);
-    std::vector<bool> used(options.exclude.size(), false);
-    scope.excluded = outermost_matches(universe, {}, options.exclude, used);
+  std::vector<ModuleFrame> universe;
+  if (!options.include.empty() || !options.exclude.empty()) universe = module_universe(graph);
+  if (options.include.empty()) {
+    scope.regions.push_back("");
+  } else {
+    std::vector<bool> used(options.include.size(), false);
+    scope.regions = outermost_matches(universe, {}, options.include, used);
     for (std::size_t p = 0; p < used.size(); ++p)
-      if (!used[p]) throw ScopeError("exclude pattern '" + options.exclude[p] + "' matches no module");
+      if (!used[p]) throw ScopeError("region pattern '" + options.include[p] + "' matches no module in the graph");
   }
-  RootFinder excluded_root(scope.excluded);
+  resolve_exclusions(universe, options, scope);
+  mark_output_recompute(options, scope);
+  RootFinder region_root(scope.regions), excluded_root(scope.excluded);
   scope.node_region.assign(graph.nodes.size(), -1);
   scope.node_unit.assign(graph.nodes.size(), -1);
   scope.node_excluded.assign(graph.nodes.size(), false);
   for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
     if (!index.forward(i)) continue;
-    scope.node_region[i] = 0;
+    if (options.include.empty()) scope.node_region[i] = 0;
     const std::int32_t stack = index.stack[i];
-    if (stack < 0 || excluded_root.empty()) continue;
-    for (const auto& frame : graph.stacks[static_cast<std::size_t>(stack)])
-      if (excluded_root.find(frame.fqn) >= 0) {
-        scope.node_excluded[i] = true;
-        break;
-      }
+    if (stack < 0) continue;
+    for (const auto& frame : graph.stacks[static_cast<std::size_t>(stack)]) {  // innermost first
+      if (scope.node_region[i] < 0) scope.node_region[i] = region_root.find(frame.fqn);
+      if (!scope.node_excluded[i]) scope.node_excluded[i] = excluded_root.find(frame.fqn) >= 0;
+    }
   }
-  scope.diagnostics.push_back({Severity::Info, -1,
-                               std::string("scope: ") + (scope.unit_graph ? "unit_graph" : "whole_graph") + " (" + why +
-                                   "): one region over the whole forward" +
-                                   (scope.unit_graph ? ", scored by the bytes it saves for the backward" : "")});
+  const std::string name = scope.unit_graph ? "unit_graph" : "whole_graph";
+  scope.diagnostics.push_back(
+      {Severity::Info, -1,
+       "scope: " + name + " (" + why + "): " +
+           (options.include.empty() ? std::string("one region over the whole forward")
+                                    : std::to_string(scope.regions.size()) + " region(s) regions.include matched in the graph") +
+           (scope.unit_graph ? ", scored by the bytes it saves for the backward" : "")});
   return scope;
 }
 
@@ -390,8 +425,7 @@ Scope detail::resolve_scope(const Graph& graph, const NodeIndex& index, const Sc
     UnitDiscovery found = discover_units(graph, index);
     scope.units = std::move(found.units);
     scope.units_from_model = found.from_model;
-    if (scope.units.empty() && options.rule == ScopeRule::Auto && options.whole_graph_when_no_units &&
-        options.include.empty())
+    if (scope.units.empty() && options.rule == ScopeRule::Auto && options.whole_graph_when_no_units)
       return whole_graph_scope(graph, index, options, "no units found");
     if (scope.units.empty()) {
       std::string model = graph.model.present
@@ -447,26 +481,8 @@ Scope detail::resolve_scope(const Graph& graph, const NodeIndex& index, const Sc
         throw ScopeError("region pattern '" + options.include[p] + "' matches no module inside the selected units");
   }
 
-  if (!options.exclude.empty()) {
-    std::vector<bool> used(options.exclude.size(), false);
-    scope.excluded = outermost_matches(universe, {}, options.exclude, used);
-    for (std::size_t p = 0; p < used.size(); ++p)
-      if (!used[p]) throw ScopeError("exclude pattern '" + options.exclude[p] + "' matches no module");
-    for (const auto& root : scope.regions)
-      for (const auto& excluded : scope.excluded) {
-        if (root == excluded)
-          throw ScopeError("region root '" + root + "' is also excluded; drop it from the exclude patterns or the regions");
-        if (at_or_under(root, excluded))
-          throw ScopeError("exclusion '" + excluded + "' contains region root '" + root +
-                           "'; an exclusion must lie inside a region");
-      }
-  }
-
-  for (const auto& root : scope.regions) {
-    bool on = std::any_of(options.output_recompute.begin(), options.output_recompute.end(),
-                          [&](const std::string& pattern) { return fqn_matches(pattern, root); });
-    scope.region_output_recompute.push_back(on);
-  }
+  resolve_exclusions(universe, options, scope);
+  mark_output_recompute(options, scope);
 
   // Per interned stack, then per node: the innermost enclosing region/unit/exclusion.
   std::vector<std::string> unit_fqns;

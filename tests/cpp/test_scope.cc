@@ -295,3 +295,47 @@ TEST_CASE("whole-graph scope: auto/budget plan a graph without units as one regi
   options.rule = ScopeRule::WholeGraph;
   CHECK_THROWS_AS(resolve_scope(b.graph(), options), ScopeError);
 }
+
+// Per-block compile: the graph is one block (attn, mlp, mlp.act); regions.include
+// picks modules inside it under whole_graph / unit_graph (before, it was ignored),
+// and under auto a unitless graph with include is planned over those modules.
+TEST_CASE("whole-graph scopes honour regions.include", "[scope]") {
+  GraphBuilder b;
+  b.placeholder("x", "input");
+  b.op("q", "aten::mm.default", {"x"}, "attn").op("h", "aten::mm.default", {"q"}, "mlp");
+  b.op("a", "aten::gelu.default", {"h"}, "mlp.act").op("o", "aten::mm.default", {"a"}, "mlp");
+  b.op("n", "aten::relu.default", {"o"});  // no module: outside every included region
+  b.placeholder("t", "tangent", 64, "backward");
+  b.bwd("g", "aten::mul.Tensor", {"t", "a"}).output({"n", "g"});
+  for (ScopeRule rule : {ScopeRule::WholeGraph, ScopeRule::UnitGraph, ScopeRule::Auto}) {
+    INFO("rule " << to_string(rule));
+    ScopeOptions options;
+    options.rule = rule;
+    options.whole_graph_when_no_units = true;
+    options.include = {"mlp"};
+    options.exclude = {"mlp.act"};
+    const Scope scope = resolve_scope(b.graph(), options);
+    CHECK(scope.whole_graph);
+    CHECK(scope.unit_graph == (rule == ScopeRule::UnitGraph));
+    REQUIRE(scope.regions == std::vector<std::string>{"mlp"});
+    CHECK(scope.region_output_recompute == std::vector<bool>{false});
+    CHECK(scope.node_region[static_cast<std::size_t>(b.index("h"))] == 0);
+    CHECK(scope.node_region[static_cast<std::size_t>(b.index("a"))] == 0);
+    CHECK(scope.node_excluded[static_cast<std::size_t>(b.index("a"))]);
+    CHECK(scope.node_region[static_cast<std::size_t>(b.index("q"))] == -1);
+    CHECK(scope.node_region[static_cast<std::size_t>(b.index("n"))] == -1);
+    CHECK(scope.node_region[static_cast<std::size_t>(b.index("g"))] == -1);  // backward: never a region
+    options.include = {"mlp", "decoder"};
+    CHECK_THROWS_WITH(resolve_scope(b.graph(), options), Catch::Contains("'decoder' matches no module in the graph"));
+    options.include = {"mlp"};
+    options.exclude = {"mlp"};
+    CHECK_THROWS_WITH(resolve_scope(b.graph(), options), Catch::Contains("also excluded"));
+  }
+  // Without include: one region "" over every forward node, as before.
+  ScopeOptions whole;
+  whole.rule = ScopeRule::UnitGraph;
+  const Scope all = resolve_scope(b.graph(), whole);
+  CHECK(all.regions == std::vector<std::string>{""});
+  CHECK(all.node_region[static_cast<std::size_t>(b.index("n"))] == 0);
+  CHECK(all.node_region[static_cast<std::size_t>(b.index("g"))] == -1);
+}

@@ -31,7 +31,8 @@ class NoUnitsError : public ScopeError {
 //               whole-graph region when `whole_graph_when_no_units` is set
 //               (the min-cut modes), otherwise NoUnitsError.
 //  units:       the units only; a graph without units raises NoUnitsError.
-//  whole_graph: one region, every forward node (no units, no cross-unit rule).
+//  whole_graph: one region, every forward node (no units, no cross-unit rule);
+//               with `include`, the modules it matches anywhere in the graph.
 //  unit_graph:  the graph is itself one unit of a model compiled unit by unit
 //               (per-block compile): one region as whole_graph, and the plan
 //               is scored by the bytes its forward saves for the backward,
@@ -44,9 +45,9 @@ const char* to_string(ScopeRule rule);  // "auto", "units", "whole_graph", "unit
 struct ScopeOptions {
   // See ScopeRule; config key `scope`.
   ScopeRule rule = ScopeRule::Auto;
-  // Under ScopeRule::Auto, a graph without units becomes one whole-graph region
-  // instead of raising NoUnitsError, unless regions.include names modules (then
-  // those modules are the regions). Set by the plan for auto/budget.
+  // Under ScopeRule::Auto, a graph without units is planned as the whole graph
+  // (one region, or the modules regions.include names) instead of raising
+  // NoUnitsError. Set by the plan for auto/budget.
   bool whole_graph_when_no_units = false;
   // Leading prefix of the flattened unit list to select; unset = all units
   // (config key selection.layer_count).
