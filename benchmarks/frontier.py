@@ -102,6 +102,36 @@ def _whole(model: Any, backend: Any = None) -> Any:
     return torch.compile(model, backend=compile_fx if backend is None else backend, fullgraph=True)
 
 
+# The floor (docs/floor.md): stock, torchtitan's per-layer checkpoint_wrapper and hyper_ac full,
+# each under whole-model Inductor, as the frontier's points of those names.
+FLOOR_POINTS = {"stock": ("stock", "whole compile"), "wrapper": ("checkpoint_wrapper", "whole compile"),
+                "full": ("hyper_ac", "full")}
+
+
+def measure_named(name: str, system: str, point: str, spec: Any = None,
+                  stock_peak: Optional[int] = None) -> tuple[dict, list]:
+    """One frontier point by its system and name (as the table shows them), measured as the
+    frontier measures it but without timing: (row, the parameters' gradients). ``stock_peak``
+    sizes hyper_ac's byte budgets."""
+    from benchmarks.common import ModelSpec
+
+    opts = StepOptions(spec=ModelSpec() if spec is None else spec, paired_rounds=0)
+    found = [p for p in points(name, build_model(name, opts.spec)) if (p.system, p.point) == (system, point)]
+    if not found:
+        raise ValueError(f"{name}: no frontier point {system!r} {point!r}")
+    row, (_, grads) = measure_point(name, found[0], opts, stock_peak, None)
+    return row, grads
+
+
+def floor_step(name: str, system: str, spec: Any = None) -> tuple:
+    """One floor system (``FLOOR_POINTS``): (peak bytes, bytes live when the forward returns,
+    the parameters' gradients)."""
+    if system not in FLOOR_POINTS:
+        raise ValueError(f"floor system {system!r}: expected one of {', '.join(FLOOR_POINTS)}")
+    row, grads = measure_named(name, *FLOOR_POINTS[system], spec=spec)
+    return row["peak_bytes"], row["forward_bytes"], grads
+
+
 def sac_save_list() -> set:
     """torchtitan's op save-list (the ops present in this torch): matmuls, SDPA, flex
     attention, ``max`` and the collectives."""
@@ -258,6 +288,7 @@ def measure_point(name: str, point: Point, opts: StepOptions, stock_peak: Option
         measured = memory.measure_step(lambda: fn(**batch))
         loss = measured.loss
         row["peak_bytes"] = measured.peak_bytes
+        row["forward_bytes"] = measured.forward_bytes
         grads = _grads(model)
         if reference is not None:
             row["grads_allclose"] = bool(len(grads) == len(reference[1])
