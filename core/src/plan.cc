@@ -294,9 +294,10 @@ Descent descend_within_budget(const Graph& graph, const detail::NodeIndex& index
   return descent;
 }
 
-// Budget mode: the least-recompute point of the Pareto frontier whose
-// simulated peak fits, then the descent above; none fits -> the smallest
-// peak, with a warning.
+// Budget mode: the least-recompute point of the Pareto frontier whose scored
+// figure (scored_bytes: the simulated peak, or a unit graph's saved bytes)
+// fits, then the descent above; none fits -> the smallest figure (ties: the
+// lower peak), with a warning.
 Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& index, const Config& config,
                                 const StageOptions& stages, const SimulateResult& all_saved, PlanResult& result) {
   const Scope& scope = result.scope;
