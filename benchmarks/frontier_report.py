@@ -134,8 +134,8 @@ INTRO = (
     "(`gradient_checkpointing_enable(use_reentrant=False)`, whole compile); `hyper_ac` "
     "(`hyper_ac.backend(config, compiler=\"inductor\")`, whole model: byte budgets = f × stock's measured peak "
     "plus the parameter/input bytes the config's budget counts, `auto`, `full`, `output_recompute`); "
-    "`hyper_ac_block` (each block compiled with that backend; budgets are the config's fraction of each block's "
-    "activation bytes). Dominated by: the hyper_ac point (least peak first) with peak ≤ "
+    "`hyper_ac_block` (each block compiled with that backend under `ac_scope: unit_graph`; budgets are the "
+    "config's fraction of the activation bytes the all-saved block keeps). Dominated by: the hyper_ac point (least peak first) with peak ≤ "
     f"{PEAK_TOL}× and step ≤ {STEP_TOL}× the row's. Gradients: allclose (rtol 1e-4, atol 1e-5) to stock "
     "(reported, not asserted).")
 

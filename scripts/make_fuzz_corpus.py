@@ -63,6 +63,8 @@ EXTRA_CONFIGS: dict[str, Any] = {
                                                            "hardware": "measured", "compiler": "inductor"}},
     "auto_whole_graph": {"ac_mode": "auto", "ac_scope": "whole_graph"},
     "full_whole_graph": {"ac_mode": "full", "ac_scope": "whole_graph"},
+    "budget_unit_graph": {"ac_mode": "budget", "ac_memory_budget": 0.5, "ac_scope": "unit_graph"},
+    "auto_unit_graph": {"ac_mode": "auto", "ac_scope": "unit_graph"},
     "full_last_unit": {"ac_mode": "full", "ac_layer_indices": [1]},
     "full_output_recompute": {"activation_checkpoint": {"mode": "full",
                                                         "regions": {"output_recompute": True}}},

@@ -112,6 +112,8 @@ def test_the_corpus_reaches_every_mode_and_rule():
     some("an excluded module", lambda p: bool(p["excluded"]))
     some("an exclude input rebuilt", stat("rebuilt_for_exclude"))
     some("the whole-graph scope", lambda p: p["stats"]["scope"] == "whole_graph")
+    some("a met unit-graph budget", lambda p: p["stats"]["scope"] == "unit_graph" and p["mode"] == "budget"
+         and p["stats"]["budget_met"] and p["stats"]["nodes_duplicated"] > 0)
     some("a met budget", lambda p: p["mode"] == "budget" and p["stats"]["budget_met"])
     some("a missed budget", lambda p: p["mode"] == "budget" and not p["stats"]["budget_met"])
 
