@@ -647,8 +647,17 @@ void run_plan(const Graph& graph, const PlanOptions& options, PlanResult& result
   // full and selective replay what the mode says even where that buys no memory
   // (the step's peak is set elsewhere, say by the gradients): say so, since the
   // recompute is then pure cost. auto compares with stock; budget reports its target.
-  if ((config.mode == Mode::Full || config.mode == Mode::Selective) && !result.remat.duplicates.empty() &&
-      !result.scope.unit_graph && result.stats.simulated_peak_after >= result.stats.simulated_peak_before)
+  const bool fixed_mode = config.mode == Mode::Full || config.mode == Mode::Selective;
+  if (fixed_mode && !result.remat.duplicates.empty() && result.scope.unit_graph &&
+      result.remat.stats.saved_bytes_after >= result.remat.stats.saved_bytes_before)
+    result.diagnostics.push_back(
+        {Severity::Warning, -1,
+         std::string("mode ") + to_string(config.mode) + " replays " + std::to_string(result.remat.duplicates.size()) +
+             " nodes but does not lower the bytes the block saves for the backward (" +
+             format_bytes(result.remat.stats.saved_bytes_before) + " before, " +
+             format_bytes(result.remat.stats.saved_bytes_after) + " after): the recompute is pure cost here"});
+  if (fixed_mode && !result.remat.duplicates.empty() && !result.scope.unit_graph &&
+      result.stats.simulated_peak_after >= result.stats.simulated_peak_before)
     result.diagnostics.push_back(
         {Severity::Warning, -1,
          std::string("mode ") + to_string(config.mode) + " replays " + std::to_string(result.remat.duplicates.size()) +

@@ -628,6 +628,31 @@ TEST_CASE("unit_graph: a block's budget is on the bytes it saves, not its transi
                     [](const auto& d) { return d.message.find("does not lower the simulated peak") != std::string::npos; }));
 }
 
+// full under unit_graph warns when the replay saves nothing: relu of a dropout
+// kept for its randomness (ac_rng: save) replays from a value of its own size.
+TEST_CASE("unit_graph: full warns when the block saves no fewer bytes", "[plan][scope]") {
+  GraphBuilder b;
+  b.placeholder("x", "input", 4096);
+  GraphBuilder::NodeSpec drop;
+  drop.target = "aten::native_dropout.default";
+  drop.inputs = {"x"};
+  drop.bytes = 4096;
+  drop.extra = {{"rng", true}};
+  b.add("drop", drop);
+  b.sized("relu", "aten::relu.default", {"drop"}, "", 4096);
+  b.sized("out", "aten::sum.default", {"relu"}, "", 4);
+  b.placeholder("t", "tangent", 4, "backward").bwd("g", "aten::threshold_backward.default", {"t", "relu"});
+  b.output({"out", "g"});
+  const Graph graph = b.graph();
+  const PlanResult r = plan(graph, scoped_options(R"("ac_mode": "full", "ac_rng": "save")", "unit_graph"));
+  REQUIRE_FALSE(r.remat.duplicates.empty());
+  CHECK(r.remat.stats.saved_bytes_after == r.remat.stats.saved_bytes_before);
+  CHECK(std::any_of(r.diagnostics.begin(), r.diagnostics.end(), [](const auto& d) {
+    return d.severity == Severity::Warning &&
+           d.message.find("does not lower the bytes the block saves for the backward") != std::string::npos;
+  }));
+}
+
 // auto's stock comparison under unit_graph: on the saved bytes, the simulated
 // peak no higher. Stock recomputing nothing saves more: auto keeps its plan;
 // stock recomputing auto's own set is a tie: stock's partition.

@@ -8,7 +8,6 @@ this granularity (a few dozen distinct plans); the fit must find one.
 from __future__ import annotations
 
 import copy
-import warnings
 
 import pytest
 
@@ -123,3 +122,5 @@ def test_fit_rejects_bad_arguments():
         hyper_ac.fit(model, batch, "1MiB", max_iterations=0)
     with pytest.raises(ValueError, match="tolerance"):
         hyper_ac.fit(model, batch, "1MiB", tolerance=1.5)
+    with pytest.raises(ConfigError, match="scope 'unit_graph' scores the bytes each compiled block saves"):
+        hyper_ac.fit(model, batch, "1MiB", config={"ac_mode": "full", "ac_scope": "unit_graph"})
