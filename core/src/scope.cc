@@ -391,7 +391,7 @@ Scope whole_graph_scope(const Graph& graph, const detail::NodeIndex& index, cons
     if (!index.forward(i)) continue;
     if (options.include.empty()) scope.node_region[i] = 0;
     const std::int32_t stack = index.stack[i];
-    if (stack < 0) continue;
+    if (stack < 0 || (options.include.empty() && excluded_root.empty())) continue;  // no pattern: no frame to read
     for (const auto& frame : graph.stacks[static_cast<std::size_t>(stack)]) {  // innermost first
       if (scope.node_region[i] < 0) scope.node_region[i] = region_root.find(frame.fqn);
       if (!scope.node_excluded[i]) scope.node_excluded[i] = excluded_root.find(frame.fqn) >= 0;
