@@ -34,8 +34,10 @@ TORCH_BUDGETS = (1.0, 0.9, 0.7, 0.5, 0.3, 0.1, 0.0)
 HAC_BYTE_FRACTIONS = (0.9, 0.7, 0.5, 0.4, 0.3)
 # hyper_ac under per-block compile (ac_scope: unit_graph): the config's fraction budget, of the
 # activation bytes each block saves when it saves everything
-HAC_BLOCK_FRACTIONS = (0.9, 0.7, 0.5, 0.3, 0.1)
-HAC_MODES = ("auto", "full", "output_recompute")
+HAC_BLOCK_FRACTIONS = (0.9, 0.7, 0.5, 0.4, 0.3, 0.1)
+# hyper_ac modes, by point name: the config of each ("auto (measured)": auto under
+# `hardware: measured`, which aims at the knee "least peak at <= 1.02x step time")
+HAC_MODES = ("auto", "auto (measured)", "full", "output_recompute")
 SYSTEMS = ("stock", "torch_budget", "checkpoint_wrapper", "sac", "hf_ckpt", "hyper_ac", "hyper_ac_block")
 HAC_SYSTEMS = ("hyper_ac", "hyper_ac_block")
 
@@ -189,7 +191,7 @@ def _resident_bytes(model: Any, batch: dict) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _hac(config_of: Callable[[Any, dict, Optional[int]], dict], per_block: bool) -> Callable:
+def _hac(config_of: Callable[[Any, dict, Optional[int]], Any], per_block: bool) -> Callable:
     import hyper_ac
 
     def make(model: Any, batch: dict, stock_peak: Optional[int]) -> Callable:
@@ -233,17 +235,27 @@ def points(model_name: str, model: Any) -> list[Point]:
     out += [Point("hyper_ac_block", f"budget {f:.1f}", _hac(lambda m, b, p, f=f: {"ac_mode": "budget", "ac_memory_budget": f},
                                                           True)) for f in HAC_BLOCK_FRACTIONS]
     for mode in HAC_MODES:
-        out += [Point("hyper_ac", mode, _hac(lambda m, b, p, mode=mode: hac_config(mode), False)),
-                Point("hyper_ac_block", mode, _hac(lambda m, b, p, mode=mode: hac_config(mode), True))]
+        out += [Point("hyper_ac", mode, _hac(lambda m, b, p, mode=mode: _mode_config(mode), False)),
+                Point("hyper_ac_block", mode, _hac(lambda m, b, p, mode=mode: _mode_config(mode), True))]
     return sorted(out, key=_priority)  # stable: each system keeps its own order
+
+
+def _mode_config(point_name: str) -> Any:
+    """The config of one HAC_MODES point."""
+    import hyper_ac
+
+    if point_name == "auto (measured)":
+        return hyper_ac.load_config(hac_config("auto")).with_option("hardware", "measured")
+    return hac_config(point_name)
 
 
 def _priority(point: Point) -> int:
     """Measuring order, most telling first (a run cut short keeps those): stock, hyper_ac's modes,
     torchtitan's and HF's checkpointing, hyper_ac's budgets, PyTorch's budgets, then per-block hyper_ac."""
-    order = [("stock", "whole compile"), ("hyper_ac", "full"), ("hyper_ac", "auto"), ("checkpoint_wrapper", None),
+    order = [("stock", "whole compile"), ("hyper_ac", "full"), ("hyper_ac", "auto"), ("hyper_ac", "auto (measured)"),
+             ("checkpoint_wrapper", None),
              ("sac", None), ("hf_ckpt", None), ("hyper_ac", "output_recompute"), ("hyper_ac_block", "full"),
-             ("hyper_ac_block", "auto"), ("hyper_ac", None), ("torch_budget", None), ("stock", None),
+             ("hyper_ac_block", "auto"), ("hyper_ac_block", "auto (measured)"), ("hyper_ac", None), ("torch_budget", None), ("stock", None),
              ("hyper_ac_block", None)]
     return next(i for i, (system, name) in enumerate(order) if point.system == system and name in (None, point.point))
 
