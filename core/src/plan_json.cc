@@ -192,6 +192,21 @@ struct Names {
   const std::string& operator()(std::int32_t index) const { return graph.nodes[static_cast<std::size_t>(index)].name; }
 };
 
+// Names in graph order as one array.
+template <typename Take>
+void names_where(Out& out, const Graph& graph, Take take) {
+  out.put('[');
+  bool first = true;
+  for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
+    if (!take(i)) continue;
+    if (!first) out.put(',');
+    first = false;
+    out.string(graph.nodes[i].name);
+    out.flush_if_full();
+  }
+  out.put(']');
+}
+
 // The fields both forms share: what a caller needs to apply the plan and to
 // report on it. Per-node lists are written by the form itself.
 void common_fields(const Graph& graph, const PlanResult& result, const PlanJsonOptions& options,
@@ -222,6 +237,20 @@ void common_fields(const Graph& graph, const PlanResult& result, const PlanJsonO
                         o.string(name(r) + "_rng_state");
                       }
                       o.put(']');
+                    }});
+  // kept: the saved forward values the plan decided (a policy of its own, not
+  // replayed), graph order: what a caller that hands the decisions to
+  // PyTorch's min-cut tags MUST_SAVE. A saved value without a policy (outside
+  // every region: a causal mask, rotary tables) is not the plan's to pin.
+  fields.push_back({"kept", [&](Out& o) {
+                      std::vector<char> replayed(graph.nodes.size(), 0);
+                      for (const auto& d : result.remat.duplicates) replayed[static_cast<std::size_t>(d.of)] = 1;
+                      std::vector<char> saved(graph.nodes.size(), 0);
+                      for (auto v : result.remat.saved) saved[static_cast<std::size_t>(v)] = 1;
+                      names_where(o, graph, [&](std::size_t i) {
+                        return saved[i] && !replayed[i] && i < result.policies.size() &&
+                               result.policies[i] != Policy::None && graph.nodes[i].kind == NodeKind::CallFunction;
+                      });
                     }});
   fields.push_back({"stats", [&](Out& o) { object(o, stats_fields(result)); }});
   // Rendered as {level, message}; a diagnostic about one node also names it.
@@ -400,21 +429,6 @@ void entry_fields(const Graph& graph, const PlanResult& result, std::vector<Fiel
   fields.push_back({"excluded", [&](Out& o) {
                       array(o, result.scope.excluded, [](Out& w, const std::string& fqn) { w.string(fqn); });
                     }});
-}
-
-// Names in graph order as one array.
-template <typename Take>
-void names_where(Out& out, const Graph& graph, Take take) {
-  out.put('[');
-  bool first = true;
-  for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
-    if (!take(i)) continue;
-    if (!first) out.put(',');
-    first = false;
-    out.string(graph.nodes[i].name);
-    out.flush_if_full();
-  }
-  out.put(']');
 }
 
 // The compact form's per-node facts: policies and region ids as name lists

@@ -98,22 +98,18 @@ def stock_recomputed(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any) ->
 
 def write_decisions(joint: fx.GraphModule, plan: Any) -> None:
     """Write a core plan's decisions as tags PyTorch's min-cut carries out:
-    every value the plan recomputes ``MUST_RECOMPUTE``, every value it saves
-    and holds a policy for ``MUST_SAVE``, the rest untagged (min-cut decides, as
-    stock). A saved value without a policy is outside every recompute region (a
-    causal mask, rotary tables, what the loss reads): the plan did not decide
-    it, so PyTorch may rebuild it from its inputs as it does for stock and for
-    per-layer ``checkpoint_wrapper`` (docs/floor.md). The model's own
-    ``ac_graph_id`` stays on the nodes it tagged (the core's plan already
+    every value the plan recomputes ``MUST_RECOMPUTE``, every value it keeps
+    (the plan's ``kept``: saved and decided by the plan) ``MUST_SAVE``, the
+    rest untagged (min-cut decides, as stock). A saved value the plan did not
+    decide is outside every recompute region (a causal mask, rotary tables,
+    what the loss reads): PyTorch may rebuild it from its inputs as it does for
+    stock and for per-layer ``checkpoint_wrapper`` (docs/floor.md). The model's
+    own ``ac_graph_id`` stays on the nodes it tagged (the core's plan already
     honours those tags); hyper_ac's tags carry none."""
     from torch.utils.checkpoint import CheckpointPolicy
 
-    from hyper_ac.planning import plan_doc
-
     by_name = {node.name: node for node in joint.graph.nodes}
-    recomputed = {entry["of"] for entry in plan.get("duplicates", [])}
-    decided = {name for name, _ in plan_doc.policies(plan)}
-    saved = (set(plan.get("saved", [])) & decided) - recomputed
+    recomputed = {entry["of"] for entry in plan["duplicates"]}
     for node in joint.graph.nodes:
         if node.op != "call_function":
             continue
@@ -123,7 +119,7 @@ def write_decisions(joint: fx.GraphModule, plan: Any) -> None:
             fx_meta.set_graph_id(node, None)
     for name in recomputed:
         fx_meta.set_policy(by_name[name], CheckpointPolicy.MUST_RECOMPUTE)
-    for name in saved:
+    for name in plan["kept"]:
         node = by_name.get(name)
         if node is not None and node.op == "call_function":
             fx_meta.set_policy(node, CheckpointPolicy.MUST_SAVE)

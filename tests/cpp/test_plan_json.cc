@@ -2,6 +2,7 @@
 // replaced (kept below as the reference, verbatim but for the version it
 // writes): the full form must be byte-identical on every graph the tests plan,
 // and the compact form must carry the same decisions.
+#include <algorithm>
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -64,6 +65,15 @@ std::string reference_plan_json(const Graph& graph, const PlanResult& result, bo
     saved.push_back(state);
   }
   document["saved"] = saved;
+  json kept = json::array();  // saved call_function values with a policy, not duplicated
+  for (auto s : result.remat.saved) {
+    const auto i = static_cast<std::size_t>(s);
+    const bool replayed = std::any_of(result.remat.duplicates.begin(), result.remat.duplicates.end(),
+                                      [&](const Duplicate& d) { return d.of == s; });
+    if (result.policies[i] != Policy::None && !replayed && graph.nodes[i].kind == NodeKind::CallFunction)
+      kept.push_back(name(s));
+  }
+  document["kept"] = kept;
   if (!rng_replays.empty()) document["rng_replays"] = rng_replays;
   if (!graph.elided_copies.empty()) {
     json elided = json::array();
@@ -177,6 +187,18 @@ void check_writers(const Graph& graph, const PlanResult& result) {
   std::set<std::string> a(pinned.begin(), pinned.end()), b(compact["pinned"].begin(), compact["pinned"].end());
   CHECK(a == b);
   CHECK(!compact.contains("reasons"));
+  // kept (both forms): the saved call_function values holding a policy that no duplicate replays, in saved's order.
+  CHECK(compact["kept"] == full["kept"]);
+  std::set<std::string> replayed, call_functions;
+  for (const auto& d : full["duplicates"]) replayed.insert(d["of"].get<std::string>());
+  for (const auto& node : graph.nodes)
+    if (node.kind == NodeKind::CallFunction) call_functions.insert(node.name);
+  json kept = json::array();
+  for (const auto& value : full["saved"]) {
+    const std::string n = value.get<std::string>();
+    if (full["policies"].contains(n) && !replayed.count(n) && call_functions.count(n)) kept.push_back(n);
+  }
+  CHECK(kept == full["kept"]);
 }
 
 void plan_and_check(const Graph& graph, const std::string& config, bool timeline,

@@ -90,9 +90,10 @@ def test_buffer_reuse_with_the_eager_compiler_warns():
 
 
 def test_write_decisions_tags_only_what_the_plan_decided():
-    # The tag route (compiler="inductor"): a duplicated value is MUST_RECOMPUTE, a saved value
-    # the plan holds a policy for MUST_SAVE, and a saved value outside every recompute region
-    # (no policy: a causal mask, rotary tables) is left untagged for PyTorch's min-cut.
+    # The tag route (compiler="inductor"): a duplicated value is MUST_RECOMPUTE, a value the
+    # plan keeps MUST_SAVE, and a saved value outside every recompute region (not kept: a
+    # causal mask, rotary tables) is left untagged for PyTorch's min-cut. The kept set is the
+    # core's (plan "kept"), not derived here.
     from torch.utils.checkpoint import CheckpointPolicy
 
     from hyper_ac import fx_meta
@@ -103,7 +104,8 @@ def test_write_decisions_tags_only_what_the_plan_decided():
 
     joint = torch.fx.symbolic_trace(step)
     plan = {"form": "compact", "policies": {"MUST_SAVE": ["mm"], "PREFER_RECOMPUTE": ["relu"]},
-            "saved": ["mm", "tril"], "duplicates": [{"before": "mul", "of": "relu", "private_get_attrs": []}]}
+            "saved": ["mm", "tril"], "kept": ["mm"],
+            "duplicates": [{"before": "mul", "of": "relu", "private_get_attrs": []}]}
     write_decisions(joint, plan)
     tags = {node.name: fx_meta.policy(node) for node in joint.graph.nodes if node.op == "call_function"}
     assert tags == {"mm": CheckpointPolicy.MUST_SAVE, "relu": CheckpointPolicy.MUST_RECOMPUTE,

@@ -66,7 +66,7 @@ def test_both_forms_apply_identically(name):
         assert dict(plan_doc.policies(compact.plan)) == full.plan["policies"]
         assert dict(plan_doc.graph_ids(compact.plan)) == full.plan["graph_ids"]
         assert plan_doc.pinned(compact.plan) == plan_doc.pinned(full.plan)
-        for key in ("duplicates", "redirects", "erase", "saved", "stats", "diagnostics", "mode", "regions",
+        for key in ("duplicates", "redirects", "erase", "saved", "kept", "stats", "diagnostics", "mode", "regions",
                     "excluded", "rng_replays", "elided_copies"):
             assert compact.plan.get(key) == full.plan.get(key), key
         assert _apply(c, compact.plan) == _apply(c, full.plan), f"{name} × {mode}"
