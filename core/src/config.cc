@@ -458,6 +458,7 @@ ConfigFacts config_facts(const Config& given, const ConfigFactsOptions& options)
   facts.mode = config.mode;
   facts.plans = config.mode != Mode::Off;
   facts.compare_with_stock = config.mode == Mode::Auto;
+  facts.budget_bounds_step_peak = config.scope.rule != ScopeRule::UnitGraph;
   facts.compiler = config.mincut.compiler;
   facts.split = config.split;
   facts.buffer_reuse = config.buffer_reuse;
@@ -479,6 +480,7 @@ std::string config_facts_to_json(const ConfigFacts& facts) {
   json out = {{"mode", to_string(facts.mode)},
               {"plans", facts.plans},
               {"compare_with_stock", facts.compare_with_stock},
+              {"budget_bounds_step_peak", facts.budget_bounds_step_peak},
               {"compiler", to_string(facts.compiler)},
               {"split", to_string(facts.split)},
               {"buffer_reuse", to_string(facts.buffer_reuse)},

@@ -190,8 +190,8 @@ def fit(model: torch.nn.Module, batch: Any, target: Any, *, compiler: str = "ind
         base = _with(base.with_compiler(compiler), mode="budget", memory_budget=float(goal))
     except ConfigError as error:
         raise ConfigError(f"hyper_ac.fit: {error}") from None
-    if base.data["activation_checkpoint"]["scope"] == "unit_graph":
-        # Its budget bounds the bytes each compiled block saves, not the step's peak that fit measures.
+    if not base.facts["budget_bounds_step_peak"]:
+        # unit_graph: its budget bounds the bytes each compiled block saves, not the step's peak that fit measures.
         raise ConfigError("hyper_ac.fit: config scope 'unit_graph' scores the bytes each compiled block saves, not "
                           "the step's peak that fit calibrates; fit the whole model (scope auto, units or "
                           "whole_graph), or give per-block compile a budget fraction (docs/config.md, scope)")

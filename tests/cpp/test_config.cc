@@ -173,6 +173,12 @@ TEST_CASE("config_facts derives what callers act on", "[config][facts]") {
   CHECK_FALSE(automatic.lambda_configured);
   CHECK(automatic.lambda == 3.35e12 / 4.0);
   CHECK_FALSE(config_facts(parse_config(R"({"ac_mode": "full"})")).compare_with_stock);
+  // A byte budget bounds the step's peak, except under unit_graph (each planned graph's saved bytes).
+  CHECK(automatic.budget_bounds_step_peak);
+  CHECK(config_facts(parse_config(R"({"ac_mode": "budget", "ac_scope": "whole_graph", "ac_memory_budget": 0.5})"))
+            .budget_bounds_step_peak);
+  CHECK_FALSE(config_facts(parse_config(R"({"ac_mode": "budget", "ac_scope": "unit_graph", "ac_memory_budget": 0.5})"))
+                  .budget_bounds_step_peak);
   CHECK(config_facts(parse_config(R"({"ac_mode": "full", "ac_buffer_reuse": "inductor"})")).inductor_buffer_reuse);
   // The runner: an eager config planned for Inductor takes it; buffer_reuse under eager is a warning.
   ConfigFactsOptions inductor;

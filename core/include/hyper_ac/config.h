@@ -188,6 +188,11 @@ struct ConfigFacts {
   // auto: the caller measures the stock partition's recompute set and passes
   // it as PlanOptions::stock_recomputed ("never worse than stock").
   bool compare_with_stock = false;
+  // A byte budget bounds the step's simulated peak (every scope but
+  // unit_graph, whose budget bounds the bytes each planned graph saves): a
+  // caller that calibrates a budget on the measured step's peak (hyper_ac.fit)
+  // needs this.
+  bool budget_bounds_step_peak = true;
   Compiler compiler = Compiler::Eager;  // the fusion assumption of the recompute cost (with the runner applied)
   SplitMethod split = SplitMethod::Native;
   BufferReuse buffer_reuse = BufferReuse::Auto;
