@@ -360,6 +360,44 @@ void mark_output_recompute(const ScopeOptions& options, Scope& scope) {
   }
 }
 
+// What a module stack puts a node in: its innermost enclosing region, unit
+// and exclusion.
+struct StackScope {
+  std::int32_t region = -1, unit = -1;
+  bool excluded = false;
+};
+
+// Every node's region, unit and exclusion, read off its interned module stack
+// once per stack (many nodes share one). `fallback` is what a node without a
+// stack gets, and each stack's starting point: a region it sets is kept (the
+// whole-graph region), not looked up. `forward_only`: backward nodes stay in
+// no region. A stack's frames are read only when some root needs them.
+void assign_nodes(const Graph& graph, const detail::NodeIndex& index, const std::vector<std::string>& unit_fqns,
+                  bool forward_only, const StackScope& fallback, Scope& scope) {
+  RootFinder region_root(scope.regions), unit_root(unit_fqns), excluded_root(scope.excluded);
+  std::vector<StackScope> per_stack(graph.stacks.size(), fallback);
+  if (fallback.region < 0 || !unit_root.empty() || !excluded_root.empty()) {
+    for (std::size_t s = 0; s < graph.stacks.size(); ++s) {
+      for (const auto& frame : graph.stacks[s]) {  // innermost first
+        if (per_stack[s].region < 0) per_stack[s].region = region_root.find(frame.fqn);
+        if (per_stack[s].unit < 0) per_stack[s].unit = unit_root.find(frame.fqn);
+        if (!per_stack[s].excluded) per_stack[s].excluded = excluded_root.find(frame.fqn) >= 0;
+      }
+    }
+  }
+  scope.node_region.assign(graph.nodes.size(), -1);
+  scope.node_unit.assign(graph.nodes.size(), -1);
+  scope.node_excluded.assign(graph.nodes.size(), false);
+  for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
+    if (forward_only && !index.forward(i)) continue;
+    const std::int32_t stack = index.stack[i];
+    const StackScope& s = stack < 0 ? fallback : per_stack[static_cast<std::size_t>(stack)];
+    scope.node_region[i] = s.region;
+    scope.node_unit[i] = s.unit;
+    scope.node_excluded[i] = s.excluded;
+  }
+}
+
 // The whole graph as the scope: one region, named "" (the root), over every
 // forward node, or, with regions.include, the modules it matches anywhere in
 // the graph; exclusions apply either way.
@@ -383,20 +421,10 @@ Scope whole_graph_scope(const Graph& graph, const detail::NodeIndex& index, cons
   }
   resolve_exclusions(universe, options, scope);
   mark_output_recompute(options, scope);
-  RootFinder region_root(scope.regions), excluded_root(scope.excluded);
-  scope.node_region.assign(graph.nodes.size(), -1);
-  scope.node_unit.assign(graph.nodes.size(), -1);
-  scope.node_excluded.assign(graph.nodes.size(), false);
-  for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
-    if (!index.forward(i)) continue;
-    if (options.include.empty()) scope.node_region[i] = 0;
-    const std::int32_t stack = index.stack[i];
-    if (stack < 0 || (options.include.empty() && excluded_root.empty())) continue;  // no pattern: no frame to read
-    for (const auto& frame : graph.stacks[static_cast<std::size_t>(stack)]) {  // innermost first
-      if (scope.node_region[i] < 0) scope.node_region[i] = region_root.find(frame.fqn);
-      if (!scope.node_excluded[i]) scope.node_excluded[i] = excluded_root.find(frame.fqn) >= 0;
-    }
-  }
+  // Without regions.include every forward node is in the one region (0); with it, in the match enclosing it.
+  StackScope fallback;
+  if (options.include.empty()) fallback.region = 0;
+  assign_nodes(graph, index, {}, /*forward_only=*/true, fallback, scope);
   const std::string name = scope.unit_graph ? "unit_graph" : "whole_graph";
   scope.diagnostics.push_back(
       {Severity::Info, -1,
@@ -484,34 +512,10 @@ Scope detail::resolve_scope(const Graph& graph, const NodeIndex& index, const Sc
   resolve_exclusions(universe, options, scope);
   mark_output_recompute(options, scope);
 
-  // Per interned stack, then per node: the innermost enclosing region/unit/exclusion.
   std::vector<std::string> unit_fqns;
   unit_fqns.reserve(scope.units.size());
   for (const auto& unit : scope.units) unit_fqns.push_back(unit.fqn);
-  RootFinder region_root(scope.regions), unit_root(unit_fqns), excluded_root(scope.excluded);
-  struct StackScope {
-    std::int32_t region = -1, unit = -1;
-    bool excluded = false;
-  };
-  std::vector<StackScope> per_stack(graph.stacks.size());
-  for (std::size_t s = 0; s < graph.stacks.size(); ++s) {
-    for (const auto& frame : graph.stacks[s]) {  // innermost first
-      if (per_stack[s].region < 0) per_stack[s].region = region_root.find(frame.fqn);
-      if (per_stack[s].unit < 0) per_stack[s].unit = unit_root.find(frame.fqn);
-      if (!per_stack[s].excluded) per_stack[s].excluded = excluded_root.find(frame.fqn) >= 0;
-    }
-  }
-  scope.node_region.assign(graph.nodes.size(), -1);
-  scope.node_unit.assign(graph.nodes.size(), -1);
-  scope.node_excluded.assign(graph.nodes.size(), false);
-  for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
-    const std::int32_t stack = index.stack[i];
-    if (stack < 0) continue;
-    const StackScope& s = per_stack[static_cast<std::size_t>(stack)];
-    scope.node_region[i] = s.region;
-    scope.node_unit[i] = s.unit;
-    scope.node_excluded[i] = s.excluded;
-  }
+  assign_nodes(graph, index, unit_fqns, /*forward_only=*/false, StackScope{}, scope);
   return scope;
 }
 
