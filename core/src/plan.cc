@@ -206,6 +206,14 @@ std::int64_t scored_bytes(const Evaluation& evaluation, const Scope& scope) {
 
 const char* scored_figure(const Scope& scope) { return scope.unit_graph ? "saved bytes" : "simulated peak"; }
 
+// Plan `a` scores strictly below plan `b`: a lower scored figure, and under
+// unit_graph a simulated peak no higher as well (fewer saved bytes bought
+// with a higher transient is no gain for the block's own compile).
+bool scores_below(const Evaluation& a, const Evaluation& b, const Scope& scope) {
+  return scored_bytes(a, scope) < scored_bytes(b, scope) &&
+         (!scope.unit_graph || a.simulated_peak_bytes <= b.simulated_peak_bytes);
+}
+
 // The budget as a scored figure (scored_bytes). Absolute sizes are that
 // figure. A fraction f keeps f of the all-saved activation bytes: the
 // all-saved step's peak less (1 - f) of the activations its backward reads;
@@ -449,11 +457,9 @@ void compare_with_stock(const Graph& graph, const detail::NodeIndex& index, cons
   }
   const Evaluation scored = evaluate_indexed(graph, index, stock, cost, schedule, &result.timings);
   result.stats.stock_simulated_peak = scored.simulated_peak_bytes;
-  // Strictly lower on the scored figure (scored_bytes: the peak, or a unit
-  // graph's saved bytes, with its peak no higher than stock's).
   const Scope& scope = result.scope;
+  if (scores_below(evaluation, scored, scope)) return;
   const std::int64_t own = scored_bytes(evaluation, scope), theirs = scored_bytes(scored, scope);
-  if (own < theirs && (!scope.unit_graph || evaluation.simulated_peak_bytes <= scored.simulated_peak_bytes)) return;
   std::vector<Policy> kept = result.tags.policies;
   for (Policy& policy : kept)
     if (policy == Policy::PreferRecompute) policy = Policy::PreferSave;
