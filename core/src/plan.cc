@@ -245,11 +245,17 @@ std::string format_seconds(double seconds) {
 // tried once per pass by re-planning and re-simulating with it saved, and
 // kept saved when the peak still fits and the recompute time falls (saving
 // it may also drop the duplicates that only fed it). Passes repeat until one
-// changes nothing. Bounded: at most kBudgetDescentEvaluations evaluations and
-// kBudgetDescentWork node-evaluations (evaluations x graph nodes) in all, so
-// a 1M-node graph gets 8, a graph up to 32k nodes the full 256.
+// changes nothing. Bounded by `cap` evaluations (descent_cap).
 constexpr std::size_t kBudgetDescentEvaluations = 256;
 constexpr std::size_t kBudgetDescentWork = std::size_t{1} << 23;
+
+// The evaluations one plan may spend descending: at most kBudgetDescentEvaluations
+// and kBudgetDescentWork node-evaluations (evaluations x graph nodes), so a
+// 1M-node graph gets 8, a graph up to 32k nodes the full 256.
+std::size_t descent_cap(const Graph& graph) {
+  const std::size_t per_evaluation = std::max<std::size_t>(graph.nodes.size(), 1);
+  return std::min(kBudgetDescentEvaluations, std::max<std::size_t>(kBudgetDescentWork / per_evaluation, 1));
+}
 
 struct Descent {
   std::size_t evaluations = 0;
@@ -260,10 +266,8 @@ struct Descent {
 Descent descend_within_budget(const Graph& graph, const detail::NodeIndex& index, const std::vector<Policy>& tags,
                               std::vector<Policy> policies, std::int64_t target, const Scope& scope,
                               const CostOptions& cost, const RematOptions& schedule, SecondsCache& seconds,
-                              Evaluation& chosen, PlanTimings& timings) {
+                              Evaluation& chosen, PlanTimings& timings, std::size_t cap) {
   Descent descent;
-  const std::size_t per_evaluation = std::max<std::size_t>(graph.nodes.size(), 1);
-  const std::size_t cap = std::min(kBudgetDescentEvaluations, std::max<std::size_t>(kBudgetDescentWork / per_evaluation, 1));
   for (bool changed = true; changed;) {
     changed = false;
     std::vector<std::pair<double, std::int32_t>> candidates;
@@ -343,7 +347,8 @@ Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& ind
   if (met) {
     const double frontier_seconds = chosen.recompute_seconds;
     const Descent descent = descend_within_budget(graph, index, result.tags.policies, *fitting, target, scope,
-                                                  stages.cost, schedule, seconds, chosen, result.timings);
+                                                  stages.cost, schedule, seconds, chosen, result.timings,
+                                                  descent_cap(graph));
     if (descent.saved_again > 0 || descent.bounded)
       result.diagnostics.push_back(
           {Severity::Info, -1,
@@ -368,8 +373,65 @@ Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& ind
   return chosen;
 }
 
+// One frontier point as the knee's walk evaluated it.
+struct PointFigures {
+  std::int64_t scored_bytes = 0;
+  double recompute_seconds = 0.0;
+};
+
+struct KneeDescent {
+  std::size_t steps = 0;        // bisection steps that came within the allowance
+  std::size_t evaluations = 0;  // spent on it, at most kKneeDescentCaps x descent_cap
+};
+
+// Bisection steps of the knee's second step, and its evaluations in all in
+// units of one budget descent's (descent_cap).
+constexpr int kKneeBisections = 6;
+constexpr std::size_t kKneeDescentCaps = 4;
+
+// The knee's second step. The frontier is a lambda sweep: between the knee
+// and the next point (the highest peak past the allowance) it has no cut, and
+// that gap can be wide. Plans inside it are the budget mode's: the next point
+// descended (recomputed nodes saved again while the peak stays within a
+// target). Bisecting the target between the two peaks finds the least one
+// whose descended plan comes within the allowance.
+KneeDescent descend_past_allowance(const Graph& graph, const detail::NodeIndex& index, const StageOptions& stages,
+                                   const ParetoResult& frontier, const std::vector<PointFigures>& figures,
+                                   double allowance, const RematOptions& schedule, SecondsCache& seconds,
+                                   PlanResult& result, Evaluation& chosen) {
+  KneeDescent out;
+  const Scope& scope = result.scope;
+  std::int64_t high = scored_bytes(chosen, scope), low = -1;
+  std::size_t next = 0;
+  for (std::size_t k = 0; k < figures.size(); ++k)
+    if (figures[k].recompute_seconds > allowance && figures[k].scored_bytes < high && figures[k].scored_bytes > low) {
+      low = figures[k].scored_bytes;
+      next = k;
+    }
+  if (low < 0) return out;
+  const std::size_t cap = kKneeDescentCaps * descent_cap(graph), per_step = std::max<std::size_t>(cap / kKneeBisections, 1);
+  const auto& point = frontier.points[next];
+  for (int step = 0; step < kKneeBisections && high - low > 1 && out.evaluations < cap; ++step) {
+    const std::int64_t target = low + (high - low) / 2;
+    Evaluation trial = evaluate_indexed(graph, index, point.policies, stages.cost, schedule, &result.timings, &seconds);
+    trial.lambda = point.lambda;
+    const Descent descent = descend_within_budget(graph, index, result.tags.policies, point.policies, target, scope,
+                                                  stages.cost, schedule, seconds, trial, result.timings,
+                                                  std::min(per_step, cap - out.evaluations));
+    out.evaluations += descent.evaluations;
+    if (trial.recompute_seconds <= allowance && scored_bytes(trial, scope) < scored_bytes(chosen, scope)) {
+      high = scored_bytes(trial, scope);
+      chosen = std::move(trial);
+      ++out.steps;
+    } else {
+      low = target;
+    }
+  }
+  return out;
+}
+
 // auto under hardware: measured: the knee of the frontier (kKneeSlowdown,
-// plan.h).
+// plan.h), then descend_past_allowance.
 Evaluation choose_knee(const Graph& graph, const detail::NodeIndex& index, const StageOptions& stages,
                        PlanResult& result) {
   ParetoResult frontier;
@@ -386,9 +448,11 @@ Evaluation choose_knee(const Graph& graph, const detail::NodeIndex& index, const
   SecondsCache seconds;
   Evaluation chosen;
   bool any = false, within = false;
+  std::vector<PointFigures> figures;
   for (const auto& point : frontier.points) {  // least recompute first
     Evaluation evaluation = evaluate_indexed(graph, index, point.policies, stages.cost, schedule, &result.timings, &seconds);
     evaluation.lambda = point.lambda;
+    figures.push_back({scored_bytes(evaluation, result.scope), evaluation.recompute_seconds});
     const bool fits = evaluation.recompute_seconds <= allowance;
     const bool better = !any || (fits && !within) ||
                         (fits == within && within && scored_bytes(evaluation, result.scope) < scored_bytes(chosen, result.scope));
@@ -399,6 +463,9 @@ Evaluation choose_knee(const Graph& graph, const detail::NodeIndex& index, const
     }
   }
   if (!any) chosen = evaluate_indexed(graph, index, result.tags.policies, stages.cost, schedule, &result.timings, &seconds);
+  const KneeDescent descended =
+      within ? descend_past_allowance(graph, index, stages, frontier, figures, allowance, schedule, seconds, result, chosen)
+             : KneeDescent{};
   char ratio[32], lambda[32];
   std::snprintf(lambda, sizeof lambda, "%.3g", chosen.lambda);
   std::snprintf(ratio, sizeof ratio, "%.2f%%", base > 0.0 ? 100.0 * chosen.recompute_seconds / base : 0.0);
@@ -408,6 +475,9 @@ Evaluation choose_knee(const Graph& graph, const detail::NodeIndex& index, const
            ", " + scored_figure(result.scope) + " " + format_bytes(scored_bytes(chosen, result.scope)) + ", recompute " +
            format_seconds(chosen.recompute_seconds) + " = " + ratio + " of the step's " + format_seconds(base) +
            " (aim: least peak at <= 1.02x step time; " + std::to_string(frontier.points.size()) + " frontier points" +
+           (descended.steps > 0 ? "; found between frontier points by saving again within a peak (" +
+                                      std::to_string(descended.evaluations) + " evaluations)"
+                                : "") +
            (within || !any ? "" : "; none within 2%: the least-recompute one") + ")"});
   if (!frontier.complete)
     result.diagnostics.push_back({Severity::Info, -1,

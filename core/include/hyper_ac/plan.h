@@ -21,9 +21,12 @@ namespace hyper_ac {
 // `auto` under `hardware: measured` aims at the knee "least peak at <= 1.02x
 // step time": of the frontier's cuts (pareto over lambda), the one with the
 // least simulated peak whose recompute seconds are at most kKneeSlowdown x
-// the step's base seconds (cost.h step_seconds); ties: less recompute. No
-// cut within it: the least-recompute cut. The roofline profiles keep auto's
-// one cut at the effective lambda.
+// the step's base seconds (cost.h step_seconds); ties: less recompute. Then
+// the gap to the next cut (past the allowance) is searched: that cut saved
+// again within a peak target as the budget mode does, the target bisected
+// down to the least that comes within the allowance. No cut within it: the
+// least-recompute cut. The roofline profiles keep auto's one cut at the
+// effective lambda.
 inline constexpr double kKneeSlowdown = 0.02;
 
 struct PlanOptions {
