@@ -31,6 +31,7 @@ import gc
 import json
 import os
 import platform
+import shlex
 import sys
 import time
 import tempfile
@@ -81,6 +82,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--frontier-systems", nargs="+", default=None, choices=FRONTIER_SYSTEMS, metavar="S",
                         help=f"frontier part: the systems to measure besides stock (default: all of "
                              f"{' '.join(FRONTIER_SYSTEMS)})")
+    parser.add_argument("--frontier-points", nargs="+", default=None, metavar="P",
+                        help="frontier part: only the points of these names (as the table's point column, e.g. "
+                             "'auto (measured)'), stock's always")
+    parser.add_argument("--frontier-merge", default=None, metavar="DIR",
+                        help="frontier part: write DIR's earlier page with this run's rows in place of the same "
+                             "points (stock's rows stay DIR's; the header names both commands)")
     parser.add_argument("--captured-layers", nargs="+", type=int, default=None)
     parser.add_argument("--synthetic-layers", nargs="+", type=int, default=None)
     parser.add_argument("--core-nodes", type=int, default=None)
@@ -112,7 +119,7 @@ def base_meta(argv: list[str], commit: str, load: str) -> dict:
     except ImportError:  # pragma: no cover
         tf_version = "-"
     return {
-        "command": "python -m benchmarks " + " ".join(argv),
+        "command": "python -m benchmarks " + shlex.join(argv),
         "commit": commit,
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU threads, {platform.python_implementation()} "
@@ -129,7 +136,7 @@ def _run_frontier(args: argparse.Namespace, argv: list[str], spec: ModelSpec, mo
     import torch
 
     from benchmarks.frontier import run_frontier
-    from benchmarks.frontier_report import write_frontier
+    from benchmarks.frontier_report import merge_frontier, read_frontier, write_frontier
 
     started = time.perf_counter()
     log(f"frontier: {len(models)} model(s), {spec}, {args.paired_rounds} paired rounds per point")
@@ -137,12 +144,18 @@ def _run_frontier(args: argparse.Namespace, argv: list[str], spec: ModelSpec, mo
             "models": list(models), "systems": list(args.frontier_systems or FRONTIER_SYSTEMS),
             "threads": torch.get_num_threads(), "paired_rounds": args.paired_rounds}
 
+    base = read_frontier(Path(args.frontier_merge)) if args.frontier_merge else None
+
     def write(rows: list) -> None:  # after each point: a run cut short keeps what it measured
         meta["models_done"] = list(dict.fromkeys(r["model"] for r in rows))
         meta["total_seconds"] = time.perf_counter() - started
-        write_frontier(out_dir, meta, [dict(r) for r in rows], plots=not (args.no_plots or args.quick), log=log)
+        page_meta, page_rows = meta, [dict(r) for r in rows]
+        if base is not None:
+            page_meta, page_rows = merge_frontier(*base, meta, page_rows)
+        write_frontier(out_dir, page_meta, page_rows, plots=not (args.no_plots or args.quick), log=log)
 
-    run_frontier(models, StepOptions(spec, paired_rounds=args.paired_rounds), log, args.frontier_systems, on_model=write)
+    run_frontier(models, StepOptions(spec, paired_rounds=args.paired_rounds), log, args.frontier_systems,
+                 on_model=write, point_names=args.frontier_points)
     log(f"wrote {out_dir}/results.md ({meta['total_seconds']:.0f} s)")
 
 

@@ -31,7 +31,7 @@ from benchmarks.step import (_MEASURED_STEP_SEED, StepOptions, _clear_grads, _cl
 
 TORCH_BUDGETS = (1.0, 0.9, 0.7, 0.5, 0.3, 0.1, 0.0)
 # hyper_ac byte budgets as fractions of stock's measured peak (whole-model compile)
-HAC_BYTE_FRACTIONS = (0.9, 0.7, 0.5, 0.4, 0.3)
+HAC_BYTE_FRACTIONS = (0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5, 0.45, 0.4, 0.35, 0.3)
 # hyper_ac under per-block compile (ac_scope: unit_graph): the config's fraction budget, of the
 # activation bytes each block saves when it saves everything
 HAC_BLOCK_FRACTIONS = (0.9, 0.7, 0.5, 0.4, 0.3, 0.1)
@@ -205,6 +205,11 @@ def _hac(config_of: Callable[[Any, dict, Optional[int]], Any], per_block: bool) 
     return make
 
 
+def byte_budget_point(fraction: float) -> str:
+    """The point name of hyper_ac's whole-model byte budget at ``fraction`` x stock's peak."""
+    return f"budget {fraction:g}× stock peak"
+
+
 def _byte_budget(fraction: float) -> Callable:
     def config(model: Any, batch: dict, stock_peak: Optional[int]) -> dict:
         if stock_peak is None:
@@ -231,7 +236,7 @@ def points(model_name: str, model: Any) -> list[Point]:
                 Point(system, "per-block compile", lambda m, b, p, w=wrapped: w(m, _compile_blocks))]
     if getattr(model, "supports_gradient_checkpointing", False):
         out.append(Point("hf_ckpt", "whole compile", lambda m, b, p: (checkpoint_layers(m), _whole(m))[1]))
-    out += [Point("hyper_ac", f"budget {f:.1f}× stock peak", _hac(_byte_budget(f), False)) for f in HAC_BYTE_FRACTIONS]
+    out += [Point("hyper_ac", byte_budget_point(f), _hac(_byte_budget(f), False)) for f in HAC_BYTE_FRACTIONS]
     out += [Point("hyper_ac_block", f"budget {f:.1f}", _hac(lambda m, b, p, f=f: {"ac_mode": "budget", "ac_memory_budget": f},
                                                           True)) for f in HAC_BLOCK_FRACTIONS]
     for mode in HAC_MODES:
@@ -315,15 +320,23 @@ def measure_point(name: str, point: Point, opts: StepOptions, stock_peak: Option
 
 def run_frontier(models: Sequence[str], opts: StepOptions, log: Callable[[str], None],
                  systems: Optional[Sequence[str]] = None,
-                 on_model: Optional[Callable[[list], None]] = None) -> list[dict]:
+                 on_model: Optional[Callable[[list], None]] = None,
+                 point_names: Optional[Sequence[str]] = None) -> list[dict]:
     """Every point of every model; a failing point records its error and the run goes on;
     ``on_model(rows so far)`` after each point (so a run cut short keeps what it measured).
     The first point (stock, whole compile) is the reference: its peak sizes hyper_ac's
-    byte budgets, its gradients are the allclose reference."""
+    byte budgets, its gradients are the allclose reference; it is measured whatever ``systems``
+    and ``point_names`` (point names as the table shows them) choose."""
     rows: list[dict] = []
     for name in models:
         every = points(name, build_model(name, opts.spec))
-        chosen = [p for p in every if p.system == "stock" or systems is None or p.system in systems]
+        unknown = sorted(set(point_names or ()) - {p.point for p in every})
+        if unknown:
+            raise ValueError(f"{name}: no frontier point named {', '.join(map(repr, unknown))}; the points are "
+                             f"{', '.join(sorted({repr(p.point) for p in every}))}")
+        chosen = [p for p in every if (p.system, p.point) == ("stock", "whole compile")
+                  or ((p.system == "stock" or systems is None or p.system in systems)
+                      and (point_names is None or p.point in point_names))]
         stock_peak, reference = None, None
         for i, point in enumerate(chosen):
             t0 = time.perf_counter()

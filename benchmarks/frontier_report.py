@@ -213,3 +213,64 @@ def write_frontier(out_dir: Path, meta: dict, rows: list[dict], plots: bool, log
     (out_dir / "results.md").write_text(render_frontier_markdown(meta, rows))
     with open(out_dir / "meta.json", "w") as f:
         json.dump(meta, f, indent=1, default=str)
+
+
+# --------------------------------------------------------------------------
+# merging a run of some systems into an earlier page
+# --------------------------------------------------------------------------
+
+_INT_COLUMNS = {"peak_bytes", "paired_rounds"}
+_FLOAT_COLUMNS = {"peak_ratio", "step_ratio", "paired_step_ratio_q1", "paired_step_ratio_q3", "paired_step_seconds",
+                  "paired_stock_step_seconds", "max_grad_diff", "compile_seconds", "wall_seconds"}
+
+
+def read_frontier(out_dir: Path) -> tuple[dict, list[dict]]:
+    """An earlier run's (meta, rows) from its frontier.csv and meta.json, typed as a run makes them."""
+    import csv
+    import json
+
+    rows = []
+    with open(out_dir / "frontier.csv", newline="") as f:
+        for record in csv.DictReader(f):
+            row: dict = {}
+            for key, text in record.items():
+                if text == "":
+                    row[key] = None
+                elif key in _INT_COLUMNS:
+                    row[key] = int(float(text))
+                elif key in _FLOAT_COLUMNS:
+                    row[key] = float(text)
+                elif key == "grads_allclose":
+                    row[key] = text in ("True", "true", "1")
+                else:
+                    row[key] = text
+            row["paired_step_ratio"] = row.get("step_ratio")
+            rows.append(row)
+    with open(out_dir / "meta.json") as f:
+        return json.load(f), rows
+
+
+def merge_frontier(base_meta: dict, base_rows: list[dict], meta: dict, rows: list[dict]) -> tuple[dict, list[dict]]:
+    """The earlier page with this run's non-stock rows in place of the same (model, system, point),
+    new points after the last earlier row of their system (else at the end of their model). Stock's
+    rows stay the earlier run's: each row's step is paired with its own stock compile, and peaks are
+    exact, so rows of the two runs compare. The meta names both commands."""
+    key = lambda r: (r["model"], r["system"], r["point"])  # noqa: E731
+    fresh = {key(r): r for r in rows if r["system"] != "stock"}
+    merged = [dict(fresh.pop(key(r), r)) for r in base_rows]
+    for r in rows:
+        if key(r) not in fresh:
+            continue
+        same = [i for i, m in enumerate(merged) if m["model"] == r["model"] and m["system"] == r["system"]]
+        model = [i for i, m in enumerate(merged) if m["model"] == r["model"]]
+        at = (same or model or [len(merged) - 1])[-1] + 1
+        merged.insert(at, dict(fresh.pop(key(r))))
+    out = dict(base_meta)
+    out["command"] = f"{base_meta['command']}`, then `{meta['command']}"
+    out["commit"] = f"{base_meta.get('commit', '?')}, then {meta.get('commit', '?')}"
+    out["date"] = base_meta["date"] if base_meta["date"] == meta["date"] else f"{base_meta['date']}, then {meta['date']}"
+    out["load"] = (f"{base_meta.get('load', 'load not recorded')}; then the last command's rows "
+                   f"({', '.join(meta.get('systems', []))}) replace the same points ({meta.get('load', '')})")
+    out["total_seconds"] = base_meta.get("total_seconds", 0.0) + meta.get("total_seconds", 0.0)
+    out["systems"] = list(dict.fromkeys([*base_meta.get("systems", []), *meta.get("systems", [])]))
+    return out, merged

@@ -88,3 +88,50 @@ def test_table_renders_every_row_errors_escaped():
     page = fr.render_frontier_markdown({"command": "python -m benchmarks --parts frontier", "commit": "abc",
                                         "date": "2026-12-01", "machine": "x"}, rs)
     assert "3 of 4 other points dominated" in page and "## m" in page
+
+
+def _meta(command, systems, seconds):
+    return {"command": command, "commit": "c", "date": "2026-12-02", "machine": "x", "load": "idle",
+            "systems": systems, "total_seconds": seconds, "spec": {}}
+
+
+def test_merge_replaces_the_same_points_keeps_stock_and_inserts_new_ones(tmp_path):
+    base = rows()[:-1]  # the error row has no numbers: not written back typed the same
+    fr.write_frontier(tmp_path, _meta("python -m benchmarks A", ["hyper_ac", "torch_budget"], 100.0), base,
+                      plots=False, log=print)
+    base_meta, base_rows = fr.read_frontier(tmp_path)
+    assert [fr.label(r) for r in base_rows] == [fr.label(r) for r in base]
+    assert base_rows[0]["peak_bytes"] == 100 * MiB and base_rows[1]["paired_step_ratio"] == 1.20
+    assert base_rows[0]["grads_allclose"] is True
+
+    new = [row("stock", "whole compile", 100, 0.97),                   # stock stays the earlier run's
+           row("hyper_ac", "auto", 58, 0.99),                          # replaces auto in place
+           row("hyper_ac", "budget 0.65× stock peak", 56, 0.99),       # new: after the last hyper_ac row
+           row("hyper_ac", "auto", 40, 1.0, model="other")]            # a model the page lacks: at the end
+    meta, merged = fr.merge_frontier(base_meta, base_rows, _meta("python -m benchmarks B", ["hyper_ac"], 50.0), new)
+    labels = [(r["model"], fr.label(r)) for r in merged]
+    assert labels == ([("m", fr.label(r)) for r in base[:7]] + [("m", "hyper_ac budget 0.65× stock peak")]
+                      + [("m", fr.label(r)) for r in base[7:]] + [("other", "hyper_ac auto")])
+    by = {lbl: r for (m, lbl), r in zip(labels, merged) if m == "m"}
+    assert by["stock whole compile"]["paired_step_ratio"] == 1.00
+    assert by["hyper_ac auto"]["peak_bytes"] == 58 * MiB
+    assert meta["command"] == "python -m benchmarks A`, then `python -m benchmarks B"
+    assert meta["total_seconds"] == 150.0 and meta["systems"] == ["hyper_ac", "torch_budget"]
+    assert "replace the same points" in meta["load"]
+    # The merged page renders: the new point is dominated-or-not like any other.
+    fr.write_frontier(tmp_path, meta, merged, plots=False, log=print)
+    text = (tmp_path / "results.md").read_text()
+    assert "budget 0.65× stock peak" in text and "python -m benchmarks B" in text
+
+
+def test_point_names_choose_points_and_an_unknown_name_is_an_error_before_anything_runs():
+    import pytest
+
+    from benchmarks.common import ModelSpec
+    from benchmarks.frontier import byte_budget_point, run_frontier
+    from benchmarks.step import StepOptions
+
+    assert byte_budget_point(0.65) == "budget 0.65× stock peak" and byte_budget_point(0.7) == "budget 0.7× stock peak"
+    with pytest.raises(ValueError, match=r"transformer: no frontier point named 'auto \(measurd\)'; the points are .*"
+                                         r"'auto \(measured\)'"):
+        run_frontier(["transformer"], StepOptions(spec=ModelSpec()), print, ["hyper_ac"], point_names=["auto (measurd)"])
