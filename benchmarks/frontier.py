@@ -35,9 +35,10 @@ HAC_BYTE_FRACTIONS = (0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5, 0.45, 0.4
 # hyper_ac under per-block compile (ac_scope: unit_graph): the config's fraction budget, of the
 # activation bytes each block saves when it saves everything
 HAC_BLOCK_FRACTIONS = (0.9, 0.7, 0.5, 0.4, 0.3, 0.1)
-# hyper_ac modes, by point name: the config of each ("auto (measured)": auto under
-# `hardware: measured`, which aims at the knee "least peak at <= 1.02x step time")
-HAC_MODES = ("auto", "auto (measured)", "full", "output_recompute")
+# hyper_ac modes, by point name: (ac_mode, hardware or None for the config's own). "auto (measured)":
+# auto under `hardware: measured`, which aims at the knee "least peak at <= 1.02x step time"
+HAC_MODES = {"auto": ("auto", None), "auto (measured)": ("auto", "measured"), "full": ("full", None),
+             "output_recompute": ("output_recompute", None)}
 SYSTEMS = ("stock", "torch_budget", "checkpoint_wrapper", "sac", "hf_ckpt", "hyper_ac", "hyper_ac_block")
 HAC_SYSTEMS = ("hyper_ac", "hyper_ac_block")
 
@@ -249,9 +250,8 @@ def _mode_config(point_name: str) -> Any:
     """The config of one HAC_MODES point."""
     import hyper_ac
 
-    if point_name == "auto (measured)":
-        return hyper_ac.load_config(hac_config("auto")).with_option("hardware", "measured")
-    return hac_config(point_name)
+    mode, hardware = HAC_MODES[point_name]
+    return hac_config(mode) if hardware is None else hyper_ac.load_config(hac_config(mode)).with_option("hardware", hardware)
 
 
 def _priority(point: Point) -> int:

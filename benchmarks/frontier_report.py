@@ -269,7 +269,8 @@ def merge_frontier(base_meta: dict, base_rows: list[dict], meta: dict, rows: lis
     out["command"] = f"{base_meta['command']}`, then `{meta['command']}"
     out["commit"] = f"{base_meta.get('commit', '?')}, then {meta.get('commit', '?')}"
     out["date"] = base_meta["date"] if base_meta["date"] == meta["date"] else f"{base_meta['date']}, then {meta['date']}"
-    out["load"] = (f"{base_meta.get('load', 'load not recorded')}; then the last command's rows "
+    ordinal = base_meta["command"].count("`, then `") + 2
+    out["load"] = (f"{base_meta.get('load', 'load not recorded')}; then command {ordinal}'s rows "
                    f"({', '.join(meta.get('systems', []))}) replace the same points ({meta.get('load', '')})")
     out["total_seconds"] = base_meta.get("total_seconds", 0.0) + meta.get("total_seconds", 0.0)
     out["systems"] = list(dict.fromkeys([*base_meta.get("systems", []), *meta.get("systems", [])]))

@@ -117,7 +117,7 @@ def test_merge_replaces_the_same_points_keeps_stock_and_inserts_new_ones(tmp_pat
     assert by["hyper_ac auto"]["peak_bytes"] == 58 * MiB
     assert meta["command"] == "python -m benchmarks A`, then `python -m benchmarks B"
     assert meta["total_seconds"] == 150.0 and meta["systems"] == ["hyper_ac", "torch_budget"]
-    assert "replace the same points" in meta["load"]
+    assert meta["load"] == "idle; then command 2's rows (hyper_ac) replace the same points (idle)"
     # The merged page renders: the new point is dominated-or-not like any other.
     fr.write_frontier(tmp_path, meta, merged, plots=False, log=print)
     text = (tmp_path / "results.md").read_text()
