@@ -411,10 +411,11 @@ KneeDescent descend_past_allowance(const Graph& graph, const detail::NodeIndex& 
   if (low < 0) return out;
   const std::size_t cap = kKneeDescentCaps * descent_cap(graph), per_step = std::max<std::size_t>(cap / kKneeBisections, 1);
   const auto& point = frontier.points[next];
+  Evaluation start = evaluate_indexed(graph, index, point.policies, stages.cost, schedule, &result.timings, &seconds);
+  start.lambda = point.lambda;
   for (int step = 0; step < kKneeBisections && high - low > 1 && out.evaluations < cap; ++step) {
     const std::int64_t target = low + (high - low) / 2;
-    Evaluation trial = evaluate_indexed(graph, index, point.policies, stages.cost, schedule, &result.timings, &seconds);
-    trial.lambda = point.lambda;
+    Evaluation trial = start;  // each step descends the same cut towards its own target
     const Descent descent = descend_within_budget(graph, index, result.tags.policies, point.policies, target, scope,
                                                   stages.cost, schedule, seconds, trial, result.timings,
                                                   std::min(per_step, cap - out.evaluations));
