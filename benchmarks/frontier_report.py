@@ -15,10 +15,14 @@ PEAK_TOL = 1.01
 STEP_TOL = 1.03
 NOT_DOMINATED = "not dominated"
 
-FRONTIER_COLUMNS = ["model", "system", "point", "status", "error", "peak_bytes", "peak_ratio", "step_ratio",
-                    "paired_step_ratio_q1", "paired_step_ratio_q3", "paired_step_seconds", "paired_stock_step_seconds",
-                    "paired_rounds", "dominated_by", "grads_allclose", "max_grad_diff", "compile_seconds",
-                    "wall_seconds"]
+#: The frontier table's columns, in order, with the type a run gives each value (read_frontier reads them back so).
+FRONTIER_COLUMN_TYPES = {
+    "model": str, "system": str, "point": str, "status": str, "error": str, "peak_bytes": int, "peak_ratio": float,
+    "step_ratio": float, "paired_step_ratio_q1": float, "paired_step_ratio_q3": float, "paired_step_seconds": float,
+    "paired_stock_step_seconds": float, "paired_rounds": int, "dominated_by": str, "grads_allclose": bool,
+    "max_grad_diff": float, "compile_seconds": float, "wall_seconds": float,
+}
+FRONTIER_COLUMNS = list(FRONTIER_COLUMN_TYPES)
 
 
 def label(row: dict) -> str:
@@ -219,11 +223,6 @@ def write_frontier(out_dir: Path, meta: dict, rows: list[dict], plots: bool, log
 # merging a run of some systems into an earlier page
 # --------------------------------------------------------------------------
 
-_INT_COLUMNS = {"peak_bytes", "paired_rounds"}
-_FLOAT_COLUMNS = {"peak_ratio", "step_ratio", "paired_step_ratio_q1", "paired_step_ratio_q3", "paired_step_seconds",
-                  "paired_stock_step_seconds", "max_grad_diff", "compile_seconds", "wall_seconds"}
-
-
 def read_frontier(out_dir: Path) -> tuple[dict, list[dict]]:
     """An earlier run's (meta, rows) from its frontier.csv and meta.json, typed as a run makes them."""
     import csv
@@ -234,16 +233,15 @@ def read_frontier(out_dir: Path) -> tuple[dict, list[dict]]:
         for record in csv.DictReader(f):
             row: dict = {}
             for key, text in record.items():
+                kind = FRONTIER_COLUMN_TYPES.get(key, str)
                 if text == "":
                     row[key] = None
-                elif key in _INT_COLUMNS:
+                elif kind is int:
                     row[key] = int(float(text))
-                elif key in _FLOAT_COLUMNS:
-                    row[key] = float(text)
-                elif key == "grads_allclose":
+                elif kind is bool:
                     row[key] = text in ("True", "true", "1")
                 else:
-                    row[key] = text
+                    row[key] = kind(text)
             row["paired_step_ratio"] = row.get("step_ratio")
             rows.append(row)
     with open(out_dir / "meta.json") as f:

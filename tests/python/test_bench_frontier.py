@@ -124,6 +124,18 @@ def test_merge_replaces_the_same_points_keeps_stock_and_inserts_new_ones(tmp_pat
     assert "budget 0.65× stock peak" in text and "python -m benchmarks B" in text
 
 
+def test_the_committed_page_reads_back_typed_by_its_columns():
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "frontier" / "measured_auto"
+    _, page_rows = fr.read_frontier(page)
+    assert page_rows and set(page_rows[0]) == set(fr.FRONTIER_COLUMNS) | {"paired_step_ratio"}
+    for r in page_rows:
+        for key, kind in fr.FRONTIER_COLUMN_TYPES.items():
+            assert r[key] is None or isinstance(r[key], kind), (key, r[key])
+    assert any(isinstance(r["peak_bytes"], int) and r["grads_allclose"] is True for r in page_rows)
+
+
 def test_point_names_choose_points_and_an_unknown_name_is_an_error_before_anything_runs():
     import pytest
 
