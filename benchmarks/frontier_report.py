@@ -168,6 +168,48 @@ def render_frontier_markdown(meta: dict, rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def _short_name(point: str) -> str:
+    return point.replace(" compile", "").replace("× stock peak", "×")
+
+
+def plot_labels(rows: list[dict], to_points: Callable[[float, float], tuple]) -> list[tuple]:
+    """Labels for one model's plot, as (x, y, text, (dx, dy) offset in points). Points of one
+    system that land on one spot (within 2 points of each other: several budgets at the floor,
+    say) share one label, their names joined by "/". Each label then takes the first offset, to
+    the right of its point, whose text box (6-point text: about 3.3 points a character, 7 high)
+    overlaps no label placed before it, right of the point or else left, a line up or down at a
+    time; ``to_points(x, y)`` maps data to the axes' points."""
+    groups: list[list[dict]] = []
+    for r in rows:
+        px, py = to_points(r["step_ratio"], r["peak_bytes"] / MiB)
+        for g in groups:
+            gx, gy = to_points(g[0]["step_ratio"], g[0]["peak_bytes"] / MiB)
+            if g[0]["system"] == r["system"] and abs(gx - px) <= 2 and abs(gy - py) <= 2:
+                g.append(r)
+                break
+        else:
+            groups.append([r])
+    boxes: list[tuple] = []
+    labels: list[tuple] = []
+    rises = [2] + [2 + sign * 8 * k for k in range(1, 6) for sign in (-1, 1)]
+    for g in groups:
+        x, y = g[0]["step_ratio"], g[0]["peak_bytes"] / MiB
+        text = " / ".join(dict.fromkeys(_short_name(r["point"]) for r in g))
+        px, py = to_points(x, y)
+        width = 3.3 * len(text)
+        candidates = [(dx, dy) for dy in rises for dx in (3, -3 - width)]  # right of the point, else left
+        for dx, dy in candidates:
+            box = (px + dx, py + dy, px + dx + width, py + dy + 7)
+            if not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in boxes):
+                break
+        else:
+            dx, dy = candidates[0]
+            box = (px + dx, py + dy, px + dx + width, py + dy + 7)
+        boxes.append(box)
+        labels.append((x, y, text, (dx, dy)))
+    return labels
+
+
 def render_frontier_plots(out_dir: Path, rows: list[dict], log: Callable[[str], None]) -> list[str]:
     try:
         import matplotlib
@@ -189,10 +231,15 @@ def render_frontier_plots(out_dir: Path, rows: list[dict], log: Callable[[str], 
             pts = [r for r in mine if r["system"] == system]
             ax.scatter([r["step_ratio"] for r in pts], [r["peak_bytes"] / MiB for r in pts], label=system,
                        marker=markers.get(system, "o"), s=90 if system in HAC_SYSTEMS else 50, zorder=3)
-            for r in pts:
-                ax.annotate(r["point"].replace(" compile", "").replace("× stock peak", "×"),
-                            (r["step_ratio"], r["peak_bytes"] / MiB), fontsize=6, xytext=(3, 2),
-                            textcoords="offset points")
+        (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()  # autoscaled to the points
+        box = ax.get_window_extent()
+        width, height = box.width / fig.dpi * 72, box.height / fig.dpi * 72
+
+        def to_points(x: float, y: float, x0=x0, x1=x1, y0=y0, y1=y1, width=width, height=height) -> tuple:
+            return (x - x0) / ((x1 - x0) or 1.0) * width, (y - y0) / ((y1 - y0) or 1.0) * height
+
+        for x, y, text, offset in plot_labels(mine, to_points):
+            ax.annotate(text, (x, y), fontsize=6, xytext=offset, textcoords="offset points")
         line = frontier_line([r for r in mine if r["system"] in HAC_SYSTEMS])
         ax.plot([r["step_ratio"] for r in line], [r["peak_bytes"] / MiB for r in line], "-", color="black", lw=1.2,
                 label="hyper_ac frontier", zorder=2)

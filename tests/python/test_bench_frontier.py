@@ -147,3 +147,25 @@ def test_point_names_choose_points_and_an_unknown_name_is_an_error_before_anythi
     with pytest.raises(ValueError, match=r"transformer: no frontier point named 'auto \(measurd\)'; the points are .*"
                                          r"'auto \(measured\)'"):
         run_frontier(["transformer"], StepOptions(spec=ModelSpec()), print, ["hyper_ac"], point_names=["auto (measurd)"])
+
+
+def test_plot_labels_share_a_spot_and_do_not_overlap():
+    # 1 data unit = 100 points on both axes.
+    def to_points(x, y):
+        return x * 100, y * 100
+
+    pts = [row("hyper_ac", "budget 0.4× stock peak", 10.000, 1.20), row("hyper_ac", "budget 0.3× stock peak", 10.005, 1.2001),
+           row("hyper_ac", "budget 0.45× stock peak", 10.0, 1.25), row("hyper_ac", "full", 10.0, 1.3),
+           row("torch_budget", "0.5", 10.0, 1.20)]
+    for r in pts:
+        r["step_ratio"] = r["paired_step_ratio"]
+    labels = fr.plot_labels(pts, to_points)
+    texts = [text for _, _, text, _ in labels]
+    assert texts == ["budget 0.4× / budget 0.3×", "budget 0.45×", "full", "0.5"]  # one spot, one system: one label
+    boxes = []
+    for x, y, text, (dx, dy) in labels:
+        px, py = to_points(x, y)
+        boxes.append((px + dx, py + dy, px + dx + 3.3 * len(text), py + dy + 7))
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            assert not (a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]), (a, b)
