@@ -175,10 +175,10 @@ def _short_name(point: str) -> str:
 def plot_labels(rows: list[dict], to_points: Callable[[float, float], tuple]) -> list[tuple]:
     """Labels for one model's plot, as (x, y, text, (dx, dy) offset in points). Points of one
     system that land on one spot (within 2 points of each other: several budgets at the floor,
-    say) share one label, their names joined by "/". Each label then takes the first offset, to
-    the right of its point, whose text box (6-point text: about 3.3 points a character, 7 high)
-    overlaps no label placed before it, right of the point or else left, a line up or down at a
-    time; ``to_points(x, y)`` maps data to the axes' points."""
+    say) share one label, their names joined by "/". Each label takes the first place whose text
+    box (6-point text: about 3.3 points a character, 7 high) overlaps no earlier label: right of
+    its point, else left, on its own line, else a line lower or higher at a time.
+    ``to_points(x, y)`` maps data to the axes' points."""
     groups: list[list[dict]] = []
     for r in rows:
         px, py = to_points(r["step_ratio"], r["peak_bytes"] / MiB)
