@@ -1,7 +1,7 @@
 """Models outside the bench set under Inductor, tried as a user would: stock ``torch.compile``
 against hyper_ac's modes (``compiler="inductor"``), on tiny random-weight HuggingFace models.
 
-    python scripts/outside_in_inductor.py [--models gpt_neox bloom falcon opt] [--modes stock selective auto]
+    python scripts/outside_in_inductor.py [--models gpt_neox bloom falcon opt qwen2 ...] [--modes stock selective auto]
 
 For each model and mode: the step's measured peak (``hyper_ac.memory.track()``) and its ratio to
 stock's, what the step still holds when the forward ends, the plan's saved bytes and simulated
@@ -21,7 +21,7 @@ import transformers as tf
 import hyper_ac
 from hyper_ac import memory
 
-MODELS = ("gpt_neox", "bloom", "falcon", "opt")
+MODELS = ("gpt_neox", "bloom", "falcon", "opt", "qwen2", "phi3", "gemma", "gptj", "qwen2_moe", "roberta", "t5")
 
 
 def build(name: str) -> torch.nn.Module:
@@ -43,6 +43,36 @@ def build(name: str) -> torch.nn.Module:
         model = tf.OPTForCausalLM(tf.OPTConfig(
             hidden_size=128, num_hidden_layers=4, num_attention_heads=4, ffn_dim=512,
             max_position_embeddings=256, dropout=0.0, attention_dropout=0.0, word_embed_proj_dim=128, **common))
+    elif name == "qwen2":  # grouped-query attention, q/k/v biases
+        model = tf.Qwen2ForCausalLM(tf.Qwen2Config(
+            hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=512, max_position_embeddings=128, **common))
+    elif name == "phi3":  # fused qkv and gate/up projections
+        model = tf.Phi3ForCausalLM(tf.Phi3Config(
+            hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+            intermediate_size=512, max_position_embeddings=128, pad_token_id=0, **common))
+    elif name == "gemma":  # multi-query attention, GeGLU, scaled embeddings
+        model = tf.GemmaForCausalLM(tf.GemmaConfig(
+            hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
+            intermediate_size=512, max_position_embeddings=128, **common))
+    elif name == "gptj":  # parallel attention and MLP, interleaved partial rotary
+        model = tf.GPTJForCausalLM(tf.GPTJConfig(
+            n_embd=128, n_layer=4, n_head=4, n_positions=128, rotary_dim=16, resid_pdrop=0.0, embd_pdrop=0.0,
+            attn_pdrop=0.0, bos_token_id=0, eos_token_id=0, **common))
+    elif name == "qwen2_moe":  # top-2 of 4 experts plus a gated shared expert
+        model = tf.Qwen2MoeForCausalLM(tf.Qwen2MoeConfig(
+            hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=512, moe_intermediate_size=128, shared_expert_intermediate_size=256,
+            num_experts=4, num_experts_per_tok=2, max_position_embeddings=128, **common))
+    elif name == "roberta":  # post-LN encoder, masked LM head
+        model = tf.RobertaForMaskedLM(tf.RobertaConfig(
+            hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512,
+            max_position_embeddings=132, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+            vocab_size=512))
+    elif name == "t5":  # encoder-decoder, relative position buckets, cross-attention
+        model = tf.T5ForConditionalGeneration(tf.T5Config(
+            d_model=128, d_kv=32, d_ff=512, num_layers=4, num_decoder_layers=4, num_heads=4, dropout_rate=0.0,
+            decoder_start_token_id=0, pad_token_id=0, **common))
     else:
         raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
     model.config._attn_implementation = "eager"
