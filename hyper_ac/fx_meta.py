@@ -30,14 +30,15 @@ from typing import Any, Optional
 from torch import fx
 
 __all__ = [
-    "AC_GRAPH_ID", "BACKWARD", "DESC", "DUPLICATE", "FWD_NN_MODULE_STACK", "IS_GRADIENT_ACC", "MODULE_STACK",
+    "AC_GRAPH_ID", "BACKWARD", "BACKWARD_OUTPUT", "DESC", "DUPLICATE", "FWD_NN_MODULE_STACK", "IS_GRADIENT_ACC", "MODULE_STACK",
     "NN_MODULE_STACK", "OUTPUT_STACK_TRACES", "PARTITIONER_TAG", "PLACEHOLDERS_REWRITTEN_BY", "RECOMPUTE",
     "RECOMPUTED", "RECOMPUTED_FROM", "RNG_REPLAY", "RNG_REPLAY_OF", "ROLE", "ROLES", "SEQ_NR", "SOURCE",
     "STACK_TRACE", "TENSOR_META", "VAL", "VALUE_KEYS",
-    "desc", "duplicate_index", "graph_id", "has_phase", "is_backward", "is_duplicate", "is_gradient_acc",
+    "desc", "duplicate_index", "graph_id", "has_phase", "is_backward", "is_backward_output", "is_duplicate",
+    "is_gradient_acc", "is_opaque",
     "is_rng_replay", "mark_duplicate", "mark_rng_replay", "module_stack", "partitioner_tag", "policy",
     "recomputed_from", "rng_replay_of", "role", "set_backward", "set_duplicate_index", "set_graph_id",
-    "set_module_stack", "set_policy", "set_rng_replay_of", "set_role", "source", "user_tagged", "val",
+    "set_backward_output", "set_module_stack", "set_policy", "set_rng_replay_of", "set_role", "source", "user_tagged", "val",
 ]
 
 # --------------------------------------------------------------------------
@@ -62,6 +63,7 @@ RECOMPUTE = "recompute"  #: a CheckpointPolicy: the node's save/recompute tag
 AC_GRAPH_ID = "ac_graph_id"  #: the checkpoint region of a tag (torch.utils.checkpoint's counter)
 
 # hyper_ac's own
+BACKWARD_OUTPUT = "ac_backward_output"  #: True on a forward node the backward returns as it is (graph field)
 MODULE_STACK = "ac_module_stack"  #: [(fqn, type_name), ...], innermost first, root left out
 ROLE = "ac_role"  #: placeholders: one of ROLES
 SOURCE = "ac_source"  #: parameter / buffer placeholders: the tensor's FQN in the model
@@ -99,6 +101,28 @@ def has_phase(node: fx.Node) -> bool:
 
 def set_backward(node: fx.Node, backward: bool) -> None:
     node.meta[BACKWARD] = bool(backward)
+
+
+def is_backward_output(node: fx.Node) -> bool:
+    """Whether the step's backward returns this forward node's value as it is (a DTensor
+    gradient's mesh is the forward's mesh placeholder; graph field ``backward_output``).
+    Default ``False``."""
+    return bool(node.meta.get(BACKWARD_OUTPUT, False))
+
+
+def set_backward_output(node: fx.Node, returned: bool) -> None:
+    if returned:
+        node.meta[BACKWARD_OUTPUT] = True
+    else:
+        node.meta.pop(BACKWARD_OUTPUT, None)
+
+
+def is_opaque(node: fx.Node) -> bool:
+    """Whether the node's value is an opaque object, not a tensor (a DTensor's ``DeviceMesh``, a
+    ``ProcessGroup``, a script object): aot_autograd's own test (graph field ``opaque``)."""
+    from torch._functorch._aot_autograd.graph_compile import is_opaque_node
+
+    return is_opaque_node(node)
 
 
 # --------------------------------------------------------------------------

@@ -152,6 +152,8 @@ std::string check_node(const Node& node, std::uint32_t given, std::uint32_t keys
     return "'mutated' is only meaningful on placeholders (use 'mutated_inputs' on the writing op)";
   if (node.copy && (node.kind != NodeKind::CallFunction || node.inputs.size() != 1))
     return "'copy' marks an exact copy of one input: only on a call_function node with exactly one input";
+  if (node.backward_output && (node.phase != Phase::Forward || node.kind == NodeKind::Output))
+    return "'backward_output' marks a forward value the backward returns: only on a forward node other than the output";
   return "";
 }
 

@@ -76,7 +76,11 @@ enum class Kind : std::uint8_t {
   X(RecomputedFrom, "recomputed_from", String, false, "null", recomputed_from, true, "dup:%",                         \
     "the name of the node an earlier pass duplicated")                                                                \
   X(MeasuredSeconds, "measured_seconds", Number, false, "null", measured_seconds, false, "measured",                  \
-    "finite, >= 0: one run measured on the planning machine (hardware: measured)")
+    "finite, >= 0: one run measured on the planning machine (hardware: measured)")                                   \
+  X(Opaque, "opaque", Bool, false, "false", opaque, false, "opaque",                                                  \
+    "a non-tensor object (DeviceMesh, ProcessGroup): no bytes, never recomputed")                                    \
+  X(BackwardOutput, "backward_output", Bool, false, "false", backward_output, false, "backward_output",               \
+    "the backward returns this forward value as it is: only on a forward node other than the output")
 
 enum Field : int {
 #define HYPER_AC_FIELD_ENUM(field, ...) f##field,

@@ -46,6 +46,8 @@ NodeIndex::NodeIndex(const Graph& graph) {
     if (node.symint) f |= kSymint;
     if (node.view) f |= kView;
     if (node.outputs.empty()) f |= kNoOutputs;
+    if (node.backward_output) f |= kBackwardOutput;
+    if (node.opaque) f |= kOpaque;
     stack[i] = node.stack;
     policy[i] = node.policy;
     auto [id, inserted] = target_ids.insert(std::string_view(node.target));

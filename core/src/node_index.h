@@ -31,7 +31,9 @@ struct NodeIndex {
     kMutatesInputs = 1024, // Node::mutated_inputs non-empty
     kSymint = 2048,        // Node::symint
     kView = 4096,          // Node::view
-    kNoOutputs = 8192      // Node::outputs empty
+    kNoOutputs = 8192,     // Node::outputs empty
+    kBackwardOutput = 16384, // Node::backward_output
+    kOpaque = 32768        // Node::opaque
   };
 
   std::size_t size() const { return flags.size(); }

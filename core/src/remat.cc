@@ -329,6 +329,10 @@ RematPlan detail::plan_remat(const Graph& graph, const NodeIndex& index, const s
       if (!duplicated[x]) saved_after[x] = 1;
     }
   }
+  // A value the backward returns as it is (a DTensor gradient's mesh): the
+  // output node reads it, so the forward hands it over whatever the plan.
+  for (std::size_t x = 0; x < n; ++x)
+    if (index.has(x, Flag::kBackwardOutput) && index.forward(x)) saved_before[x] = saved_after[x] = 1;
   for (const auto& dup : plan.duplicates) {
     const auto of = static_cast<std::size_t>(dup.of);
     for (auto e = index.input_start[of]; e < index.input_start[of + 1]; ++e) {

@@ -75,6 +75,8 @@ void validate_split(const Graph& graph, const RematPlan& plan, const std::vector
       }
     }
   }
+  for (std::size_t i = 0; i < graph.nodes.size(); ++i)  // read by the output node's gradient part
+    if (graph.nodes[i].backward_output) read_by_backward[i] = 1;
   for (auto s : plan.saved)
     if (!read_by_backward[static_cast<std::size_t>(s)])
       throw PlanError("split: the plan saves " + quoted(graph, s) + ", which no backward node reads");
@@ -113,6 +115,7 @@ Split split_joint(const Graph& graph, const RematPlan& plan, const SplitOptions&
       throw PlanError("split: the plan saves " + quoted(graph, s) + " and erases it");
     saved[static_cast<std::size_t>(s)] = 1;
     if (node.symint) split.saved_symints.push_back(s);
+    else if (node.opaque) split.saved_opaque.push_back(s);
   }
   for (auto r : plan.rng_replays) {
     if (r < 0 || static_cast<std::size_t>(r) >= n) throw PlanError("split: an rng replay names a node outside the graph");
@@ -121,7 +124,7 @@ Split split_joint(const Graph& graph, const RematPlan& plan, const SplitOptions&
   for (auto k : flattened_forward_order(graph)) {
     const auto i = static_cast<std::size_t>(k);
     if (state[i]) split.saved.push_back({k, true});  // the state getitem stands where the random op was
-    if (saved[i] && !graph.nodes[i].symint) split.saved.push_back({k, false});
+    if (saved[i] && !graph.nodes[i].symint && !graph.nodes[i].opaque) split.saved.push_back({k, false});
   }
   if (options.validate) validate_split(graph, plan, saved);
 
@@ -130,6 +133,7 @@ Split split_joint(const Graph& graph, const RematPlan& plan, const SplitOptions&
   split.stats.backward_nodes = split.backward.size() + split.backward_duplicates.size();
   split.stats.saved_tensors = split.saved.size();
   split.stats.saved_symints = split.saved_symints.size();
+  split.stats.saved_opaque = split.saved_opaque.size();
   return split;
 }
 
@@ -150,11 +154,13 @@ std::string split_to_json(const Graph& graph, const Split& split) {
   document["backward_duplicates"] = split.backward_duplicates;
   document["saved"] = std::move(saved);
   document["saved_symints"] = names(split.saved_symints);
+  document["saved_opaque"] = names(split.saved_opaque);
   document["stats"] = {{"forward_nodes", split.stats.forward_nodes},
                        {"backward_nodes", split.stats.backward_nodes},
                        {"backward_duplicates", split.stats.backward_duplicates},
                        {"saved_tensors", split.stats.saved_tensors},
-                       {"saved_symints", split.stats.saved_symints}};
+                       {"saved_symints", split.stats.saved_symints},
+                       {"saved_opaque", split.stats.saved_opaque}};
   return document.dump();
 }
 

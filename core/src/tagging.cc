@@ -56,7 +56,10 @@ struct Tagger {
 
   bool is_candidate(std::size_t i) const {
     using Flag = detail::NodeIndex::Flag;
-    return index.forward(i) && index.has(i, Flag::kCallFunction) && !index.has(i, Flag::kRecomputedFrom);
+    // Never candidates, so saved: an opaque value (a DeviceMesh, a ProcessGroup), which has no
+    // bytes to win, and a value the backward returns as it is, which the forward hands over anyway.
+    return index.forward(i) && index.has(i, Flag::kCallFunction) && !index.has(i, Flag::kRecomputedFrom) &&
+           !index.has(i, Flag::kOpaque) && !index.has(i, Flag::kBackwardOutput);
   }
 
   bool transparent(std::size_t i) { return facts(i).transparent; }

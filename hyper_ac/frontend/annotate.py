@@ -209,6 +209,11 @@ def annotate_joint(
             backward.add(n)
     for n in nodes:
         fx_meta.set_backward(n, n in backward)
+    # A gradient output that is a forward value itself (a DTensor gradient's mesh is the
+    # forward's mesh placeholder): the backward returns it, so the forward must hand it over.
+    returned = {o for o in outputs[num_fwd_outputs:] if isinstance(o, fx.Node) and o not in backward}
+    for n in nodes:
+        fx_meta.set_backward_output(n, n in returned)
 
     # ---- module stacks ----------------------------------------------------
     resolver = _ModulePathResolver(model, root_prefix, nodes)

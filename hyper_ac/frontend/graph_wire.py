@@ -45,7 +45,8 @@ NODE_DEFAULTS: dict[str, Any] = {name: _default(f) for name, f in _NODE.items() 
 #: (``stack``, an index into the top-level ``module_stacks``), never inline.
 WIRE_ORDER = ("id", "name", "kind", "target", "inputs", "phase", "outputs", "flops", "rng", "symint", "collective",
               "view", "mutated_inputs", "aliased_inputs", "role", "subgraph", "mutated", "policy", "ac_graph_id",
-              "recomputed_from", "rng_state_bytes", "fusible", "copy", "stack", "measured_seconds")
+              "recomputed_from", "rng_state_bytes", "fusible", "copy", "stack", "measured_seconds", "opaque",
+              "backward_output")
 
 # json.dumps's own string encoder for its default ``ensure_ascii=True``: the
 # wire text writes every string byte for byte as json.dumps would.

@@ -221,6 +221,8 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
     tensor_type = torch.Tensor
     sym_types = _PY_SYM_TYPES
     timer = OpTimer() if measure else None
+    is_opaque = fx_meta.is_opaque
+    backward_output_key = fx_meta.BACKWARD_OUTPUT
     for i, node in enumerate(graph.nodes):
         ids[node] = str(i)
         op = node.op
@@ -337,7 +339,9 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
         out_nodes.append(node_text(
             i, node.name, op, tname, [ids[n] for n in inputs], "backward" if is_bwd else "forward", outputs,
             flops, rng, isinstance(val, sym_types), collective, view, mutated_inputs, aliased_inputs, role,
-            subgraph, mutated, policy, graph_id, recomputed_from, state_bytes, fusible, copy, at, seconds))
+            subgraph, mutated, policy, graph_id, recomputed_from, state_bytes, fusible, copy, at, seconds,
+            val is not None and op != "output" and not isinstance(val, tensor_type) and is_opaque(node),
+            meta.get(backward_output_key, False)))
     if timer is not None:
         timer.close()
     doc: dict[str, Any] = {"format": FORMAT, "version": VERSION}

@@ -107,10 +107,13 @@ def partition_joint(
         try:
             tensors = [by_name[name] for name in split["saved"]]
             symbolic = [by_name[name] for name in split["saved_symints"]]
+            opaque = [by_name[name] for name in split["saved_opaque"]]
         except KeyError as error:
             raise ValueError(f"the core's split saves {error.args[0]!r}, which the rewritten graph lacks") from None
     else:
         tensors, symbolic = saved_values(joint_module)
+        opaque = [node for node in tensors if fx_meta.is_opaque(node)]
+        tensors = [node for node in tensors if node not in opaque]
     static_nodes = None
     if static_lifetime_input_indices:
         placeholders = [n for n in joint_module.graph.nodes if n.op == "placeholder"]
@@ -121,6 +124,7 @@ def partition_joint(
         joint_module,
         tensors,
         saved_sym_nodes=symbolic,
+        saved_opaque_nodes=opaque,
         num_fwd_outputs=num_fwd_outputs,
         static_lifetime_input_nodes=static_nodes,
     )
@@ -193,8 +197,9 @@ def build_modules(joint_module: fx.GraphModule, split: Mapping[str, Any], *,
     random op's replay nodes follow the op). The calling convention is
     ``_extract_fwd_bwd_modules``'s: the forward takes the primals (and forward
     seed/offset inputs) and returns its outputs, the saved tensors
-    (``split["saved"]``, in order), then the saved SymInts; the backward takes
-    the saved SymInts, the saved tensors, the tangents (and backward seed/offset
+    (``split["saved"]``, in order), the saved opaque objects (``split["saved_opaque"]``:
+    a DTensor's mesh), then the saved SymInts; the backward takes
+    the saved SymInts, the saved tensors, the saved opaque objects, the tangents (and backward seed/offset
     and backward-state inputs) and returns the gradients.
 
     ``joint_module`` is consumed: one pass copies the forward nodes into a new
@@ -223,6 +228,7 @@ def _build_modules(joint_module: fx.GraphModule, split: Mapping[str, Any],
     duplicates = set(split["backward_duplicates"])
     saved_names: list[str] = list(split["saved"])
     symint_names: list[str] = list(split["saved_symints"])
+    opaque_names: list[str] = list(split["saved_opaque"])
     fwd_outputs, bwd_outputs, fwd_descs, bwd_descs = _partitioners._extract_fwd_bwd_outputs(
         joint_module, num_fwd_outputs=num_fwd_outputs)
 
@@ -242,9 +248,10 @@ def _build_modules(joint_module: fx.GraphModule, split: Mapping[str, Any],
 
     fwd = fx.Graph()
     env_f: dict[fx.Node, fx.Node] = {}
-    # The backward's inputs from the forward, by name (the saved SymInts, then the saved tensors).
+    # The backward's inputs from the forward, by name (the saved SymInts, the saved tensors, then the
+    # saved opaque objects: aot_autograd's order).
     from_forward: dict[str, int] = {name: i for i, name in enumerate(symint_names)}
-    for name in saved_names:
+    for name in saved_names + opaque_names:
         if name in from_forward:
             raise ValueError(f"the core's split saves '{name}' twice")
         from_forward[name] = len(from_forward)
@@ -309,9 +316,9 @@ def _build_modules(joint_module: fx.GraphModule, split: Mapping[str, Any],
                              "split") from None
 
     fwd_values = [forward_value(x) for x in fwd_outputs]
-    fwd_values += [saved_in_forward[name] for name in saved_names]
-    fwd_values += [saved_in_forward[name] for name in symint_names]
-    n_saved = len(saved_names) + len(symint_names)
+    # aot_autograd's order: the saved tensors, the saved opaque objects, the saved SymInts.
+    fwd_values += [saved_in_forward[name] for name in saved_names + opaque_names + symint_names]
+    n_saved = len(saved_names) + len(opaque_names) + len(symint_names)
     _output(fwd, fwd_values, list(fwd_descs) + [SavedForBackwardsAOTOutput(i) for i in range(n_saved)])
     make = fx._lazy_graph_module._make_graph_module
     fw_module = make(joint_module, fwd)

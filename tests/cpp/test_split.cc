@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <random>
 #include <set>
 
@@ -132,4 +133,45 @@ TEST_CASE("split: a plan whose backward reads an unsaved forward value is reject
   auto plan = plan_remat(g, policies_for(g, {}));
   plan.saved.clear();
   CHECK_THROWS_WITH(split_joint(g, plan), Catch::Contains("backward node 'g' reads forward value 'a', which the plan does not save"));
+}
+
+TEST_CASE("split: a DTensor step's mesh (opaque) is saved apart, and a backward output that is a primal is saved",
+          "[split]") {
+  // aot_autograd flattens a DTensor parameter into its local tensor and its DeviceMesh;
+  // the gradient DTensor's mesh component is the forward's mesh placeholder itself.
+  GraphBuilder b;
+  b.placeholder("x").placeholder("w", "parameter");
+  GraphBuilder::NodeSpec mesh;
+  mesh.kind = "placeholder";
+  mesh.target = "mesh";
+  mesh.role = "parameter";
+  mesh.extra = {{"opaque", true}, {"backward_output", true}, {"outputs", json::array()}};
+  b.add("mesh", mesh);
+  b.op("mm", "aten::mm.default", {"x", "w"}).op("relu", "aten::relu.default", {"mm"}).op("sum", "aten::sum.default", {"relu"});
+  b.placeholder("t", "tangent", 4, "backward");
+  b.bwd("g1", "aten::threshold_backward.default", {"t", "relu"}).bwd("g2", "aten::mm.default", {"g1", "x"});
+  b.output({"sum", "g2", "mesh"});
+  Graph g = b.graph();
+  REQUIRE(g.nodes[2].opaque);
+  REQUIRE(g.nodes[2].backward_output);
+  for (const std::set<std::string>& recomputed : {std::set<std::string>{}, std::set<std::string>{"relu"}}) {
+    auto plan = plan_remat(g, policies_for(g, recomputed));
+    // Read by no backward node, only returned: saved all the same.
+    CHECK(std::find(plan.saved.begin(), plan.saved.end(), 2) != plan.saved.end());
+    Split split = split_joint(g, plan);
+    CHECK(names(g, split.saved_opaque) == std::vector<std::string>{"mesh"});
+    for (const auto& s : split.saved) CHECK(g.nodes[static_cast<std::size_t>(s.node)].name != "mesh");
+    CHECK(split.stats.saved_opaque == 1);
+    CHECK(split_to_json(g, split).find("\"saved_opaque\":[\"mesh\"]") != std::string::npos);
+  }
+}
+
+TEST_CASE("graph: backward_output is refused on a backward node", "[split]") {
+  GraphBuilder b;
+  b.placeholder("x");
+  b.op("sum", "aten::sum.default", {"x"});
+  b.placeholder("t", "tangent", 4, "backward");
+  b.bwd("g", "aten::mul.Tensor", {"t", "x"}, {{"backward_output", true}});
+  b.output({"sum", "g"});
+  CHECK_THROWS_WITH(load_graph(b.text()), Catch::Contains("'backward_output'") && Catch::Contains("'g'"));
 }

@@ -69,6 +69,14 @@ struct Node {
   // clone; set by the serialiser). load_graph elides such copies (elide_copies).
   bool copy = false;
   bool subgraph = false;
+  // The value is an opaque object, not a tensor (a DTensor's DeviceMesh, a
+  // ProcessGroup, a script object): no bytes, never recomputed; a saved one
+  // travels apart from the saved tensors (aot_autograd's calling convention).
+  bool opaque = false;
+  // A forward value the backward returns as it is, as one of the step's
+  // gradient outputs (a DTensor gradient's mesh is the forward's own mesh
+  // placeholder): the forward saves it for the backward to return.
+  bool backward_output = false;
   // A placeholder the step writes (an AOTAutograd input mutation: the new
   // value is a forward output, copied into the input after the forward), so a
   // backward replay would read the written value.

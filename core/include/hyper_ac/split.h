@@ -35,6 +35,7 @@ struct SplitStats {
   std::size_t backward_duplicates = 0;  // of which duplicates
   std::size_t saved_tensors = 0;        // saved.size()
   std::size_t saved_symints = 0;        // saved_symints.size()
+  std::size_t saved_opaque = 0;         // saved_opaque.size()
 };
 
 struct Split {
@@ -49,12 +50,18 @@ struct Split {
   // Tensors the forward returns after its own outputs (the backward's first
   // inputs after the symints), in the order of the rewritten graph: a replay
   // state stands where its random op was, a getitem right after its producer
-  // (what hyper_ac.apply leaves); RematPlan::saved without the symints, plus
+  // (what hyper_ac.apply leaves); RematPlan::saved without the symints and
+  // opaque values, plus
   // the replay states.
   std::vector<SavedValue> saved;
   // SymInt-valued forward nodes the backward reads (RematPlan::saved with
   // Node::symint), graph order.
   std::vector<std::int32_t> saved_symints;
+  // Opaque forward values the backward reads or returns (RematPlan::saved
+  // with Node::opaque: a DTensor's DeviceMesh), graph order. The forward
+  // returns them after the saved tensors, the backward takes them after its
+  // saved tensors (aot_autograd's convention for opaque objects).
+  std::vector<std::int32_t> saved_opaque;
   SplitStats stats;
 };
 
@@ -64,7 +71,7 @@ struct Split {
 Split split_joint(const Graph& graph, const RematPlan& plan, const SplitOptions& options = {});
 
 // {"forward": [names], "backward": [names], "backward_duplicates": [indices],
-//  "saved": [names], "saved_symints": [names], "stats": {...}}; a replay
+//  "saved": [names], "saved_symints": [names], "saved_opaque": [names], "stats": {...}}; a replay
 // state is named "<R>_rng_state", as in the plan (docs/graph-format.md).
 std::string split_to_json(const Graph& graph, const Split& split);
 
