@@ -10,6 +10,8 @@ configs with random (seeded) initialisation.
 * :func:`hf_model` — tiny ``gpt2`` / ``llama`` / ``mistral`` / ``qwen2`` / ``mixtral`` / ``bert``.
 * :func:`example_batch` — inputs (with labels) whose forward returns a loss.
 * :func:`build` — one call for any of the above names.
+* :func:`parallelize` — torchtitan's tensor / sequence parallel plan (DTensor)
+  for the Llama-family HF models, optionally with FSDP2 on a data-parallel mesh.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ __all__ = [
     "hf_model",
     "example_batch",
     "build",
+    "parallelize",
+    "PARALLEL_MODEL_NAMES",
 ]
 
 DEFAULT_SEED = 0
@@ -296,4 +300,78 @@ def build(name: str, num_layers: int = 2, *, seed: int = DEFAULT_SEED, **kwargs:
         else:
             raise ValueError(f"unknown model {name!r}; choose from {MODEL_NAMES}")
     model.train()
+    return model
+
+
+# --------------------------------------------------------------------------
+# tensor / sequence parallelism (DTensor) and FSDP2
+# --------------------------------------------------------------------------
+
+#: The HF model names :func:`parallelize` has a plan for (one decoder layout: q/k/v/o
+#: attention projections, gate/up/down MLP, RMSNorms, rotary embedding).
+PARALLEL_MODEL_NAMES = ("llama", "mistral", "qwen2")
+
+
+def parallelize(model: nn.Module, tp_mesh: Any, *, sequence_parallel: bool = False,
+                dp_mesh: Any = None) -> nn.Module:
+    """Shard a Llama-family HF model in place as torchtitan does, and return it.
+
+    Tensor parallel over ``tp_mesh`` (a 1-D ``DeviceMesh``): q/k/v and gate/up
+    ``ColwiseParallel``, o and down ``RowwiseParallel`` (a forward all-reduce
+    after each; the backward all-reduces the input gradients). With
+    ``sequence_parallel`` the residual stream is sharded along the sequence
+    (``Shard(1)``) between the blocks: the norms run ``SequenceParallel``, a
+    forward all-gather precedes attention and the MLP, a reduce-scatter follows
+    them, and ``lm_head`` gathers its input. ``dp_mesh``: FSDP2 (``fully_shard``)
+    on each decoder layer and the root over that mesh (2-D: FSDP2 × TP).
+    Heads must divide by the TP degree.
+    """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
+                                                   RowwiseParallel, SequenceParallel, parallelize_module)
+
+    config = getattr(model, "config", None)
+    decoder = getattr(model, "model", None)
+    if config is None or getattr(config, "model_type", None) not in PARALLEL_MODEL_NAMES or decoder is None:
+        raise ValueError(f"parallelize: no tensor-parallel plan for {type(model).__name__}; it has one for the "
+                         f"HF models {', '.join(PARALLEL_MODEL_NAMES)} (hyper_ac.models.build)")
+    degree = tp_mesh.size()
+    for key in ("num_attention_heads", "num_key_value_heads"):
+        if getattr(config, key) % degree:
+            raise ValueError(f"parallelize: {key}={getattr(config, key)} does not divide by the tensor-parallel "
+                             f"degree {degree}")
+    colwise = {name: ColwiseParallel() for name in
+               ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")}
+    if sequence_parallel:
+        # The residual stream stays a Shard(1) DTensor between the blocks (use_local_output=False).
+        parallelize_module(decoder, tp_mesh, {
+            "embed_tokens": PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1),
+                                                use_local_output=False),
+            # only the dtype and device of its input matter: its local shard, no gather
+            "rotary_emb": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),),
+                                             use_local_output=True),
+            "norm": SequenceParallel(),
+        })
+        parallelize_module(model, tp_mesh, {
+            "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())})
+        layer_plan = {
+            **colwise,
+            "input_layernorm": SequenceParallel(),
+            "post_attention_layernorm": SequenceParallel(),
+            "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                            desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+            "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+            "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+        }
+    else:
+        layer_plan = {**colwise, "self_attn.o_proj": RowwiseParallel(), "mlp.down_proj": RowwiseParallel()}
+    for layer in decoder.layers:
+        parallelize_module(layer, tp_mesh, layer_plan)
+    if dp_mesh is not None:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in decoder.layers:
+            fully_shard(layer, mesh=dp_mesh)
+        fully_shard(model, mesh=dp_mesh)
     return model

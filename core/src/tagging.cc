@@ -54,6 +54,17 @@ struct Tagger {
     return op_facts[id];
   }
 
+  // A collective hyper_ac always saves (a replay would communicate again): one the
+  // table lists, and every other communication op (Node::collective: an op of a
+  // collective namespace, say a broadcast or a symmetric-memory op the table does
+  // not know) but a forward all-gather, which follows save_forward_all_gather.
+  bool saved_collective(std::size_t i) {
+    const OpFacts& op = facts(i);
+    if (op.saved_collective) return true;
+    if (op.all_gather) return options.save_forward_all_gather;
+    return graph.nodes[i].collective && !op.transparent;
+  }
+
   bool is_candidate(std::size_t i) const {
     using Flag = detail::NodeIndex::Flag;
     // Never candidates, so saved: an opaque value (a DeviceMesh, a ProcessGroup), which has no
@@ -140,7 +151,7 @@ struct Tagger {
     for (std::size_t i = 0; i < graph.nodes.size(); ++i) {
       if (!is_candidate(i) || index.policy[i] == Policy::None) continue;
       const Node& node = graph.nodes[i];
-      const bool collective = facts(i).saved_collective;
+      const bool collective = saved_collective(i);
       switch (node.policy) {
         case Policy::None: continue;
         case Policy::MustSave: set(i, Policy::MustSave, "user"); break;
@@ -205,7 +216,7 @@ struct Tagger {
         // output's. A random op no larger than its state stays saved ("rng").
         set(i, mode_policy(i), "rng-replay");
         ++result.stats.rng_replay_candidates;
-      } else if (!save_structural(i, facts(i).saved_collective || (options.save_forward_all_gather && facts(i).all_gather))) {
+      } else if (!save_structural(i, saved_collective(i))) {
         Policy policy = mode_policy(i);
         set(i, policy, policy == Policy::MustSave ? "op-table" : "");
       }

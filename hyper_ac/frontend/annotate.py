@@ -81,6 +81,10 @@ def _flat_outputs(out: fx.Node) -> list[Any]:
 
 
 def _desc_name(desc: Any) -> str:
+    """The descriptor's kind; a component of a tensor subclass input (a DTensor tangent's
+    local tensor or mesh: ``SubclassGetAttrAOTInput``) has the kind of the input it is part of."""
+    while type(desc).__name__.startswith("Subclass") and hasattr(desc, "base"):
+        desc = desc.base
     return type(desc).__name__ if desc is not None else ""
 
 

@@ -137,6 +137,34 @@ TEST_CASE("RNG, SymInt and collectives are saved in every mode", "[tagging][gold
   CHECK(matches_golden("tag_structural", annotated(b, run(b, kFull))));
 }
 
+TEST_CASE("a collective the op table does not name is saved all the same, in every mode", "[tagging]") {
+  // A broadcast and a symmetric-memory op (async TP's fused all-gather matmul): ops of a
+  // communication namespace (graph field `collective`) outside saved_collectives / all_gathers.
+  GraphBuilder b;
+  b.placeholder("x").placeholder("w", "parameter");
+  b.op("bcast", "_c10d_functional::broadcast.default", {"x"}, "layers.0", {{"collective", true}})
+      .op("bcast_wait", "_c10d_functional::wait_tensor.default", {"bcast"}, "layers.0", {{"collective", true}})
+      .op("fused", "symm_mem::fused_all_gather_matmul.default", {"bcast_wait", "w"}, "layers.0", {{"collective", true}})
+      .op("relu", "aten::relu.default", {"fused"}, "layers.0")
+      .op("out", "aten::sum.default", {"relu"}, "layers.0");
+  b.placeholder("t", "tangent", 4, "backward").bwd("g", "aten::threshold_backward.default", {"t", "relu"}).output({"out", "g"});
+  b.model("Net", {{"layers.0", "Block"}}, {{"layers.0", "Block"}});
+  for (const char* mode : {kFull, kSelective, R"({"ac_mode": "budget", "ac_memory_budget": 0.1})"}) {
+    INFO(mode);
+    PlanResult r = run(b, mode);
+    auto p = policies(b, r);
+    CHECK(p["bcast"] == "MUST_SAVE");
+    CHECK(p["bcast_wait"] == "MUST_SAVE");  // the wait inherits
+    CHECK(p["fused"] == "MUST_SAVE");
+    CHECK(r.tags.reasons[static_cast<std::size_t>(b.index("fused"))] == "collective");
+    for (const auto& dup : r.remat.duplicates) {
+      const auto& name = b.graph().nodes[static_cast<std::size_t>(dup.of)].name;
+      CHECK(name != "bcast");
+      CHECK(name != "fused");
+    }
+  }
+}
+
 TEST_CASE("rng: replay tags a replayable random op by the mode; save pins it", "[tagging][rng]") {
   // 64-byte outputs (the builder's default): a 16-byte state is worth replaying,
   // a 5056-byte one is not, and 0 means not replayable at all.
