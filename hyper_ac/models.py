@@ -313,7 +313,7 @@ PARALLEL_MODEL_NAMES = ("llama", "mistral", "qwen2")
 
 
 def parallelize(model: nn.Module, tp_mesh: Any, *, sequence_parallel: bool = False,
-                dp_mesh: Any = None) -> nn.Module:
+                dp_mesh: Any = None, wrap_layer: Any = None) -> nn.Module:
     """Shard a Llama-family HF model in place as torchtitan does, and return it.
 
     Tensor parallel over ``tp_mesh`` (a 1-D ``DeviceMesh``): q/k/v and gate/up
@@ -324,6 +324,9 @@ def parallelize(model: nn.Module, tp_mesh: Any, *, sequence_parallel: bool = Fal
     forward all-gather precedes attention and the MLP, a reduce-scatter follows
     them, and ``lm_head`` gathers its input. ``dp_mesh``: FSDP2 (``fully_shard``)
     on each decoder layer and the root over that mesh (2-D: FSDP2 × TP).
+    ``wrap_layer(layer) -> module``: applied to each decoder layer after TP and
+    before FSDP2 (torchtitan's order: TP, activation checkpointing, per-block
+    compile, FSDP2), its result put in the layer's place.
     Heads must divide by the TP degree.
     """
     from torch.distributed.tensor import Replicate, Shard
@@ -366,8 +369,10 @@ def parallelize(model: nn.Module, tp_mesh: Any, *, sequence_parallel: bool = Fal
         }
     else:
         layer_plan = {**colwise, "self_attn.o_proj": RowwiseParallel(), "mlp.down_proj": RowwiseParallel()}
-    for layer in decoder.layers:
+    for i, layer in enumerate(decoder.layers):
         parallelize_module(layer, tp_mesh, layer_plan)
+        if wrap_layer is not None:
+            decoder.layers[i] = wrap_layer(layer)
     if dp_mesh is not None:
         from torch.distributed.fsdp import fully_shard
 

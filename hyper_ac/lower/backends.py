@@ -79,7 +79,13 @@ def stock_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any):
     Inductor call. It carries out every ``node.meta["recompute"]`` tag on the graph."""
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-    return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+    from hyper_ac.lower.partition import opaque_after_saved_tensors
+
+    fw_module, bw_module = min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+    # Where its replayed random ops' states land behind a saved DeviceMesh, stock's own output
+    # crashes aot_autograd's runtime; the same modules, the mesh put last, do not.
+    opaque_after_saved_tensors(fw_module, bw_module, kwargs["num_fwd_outputs"])
+    return fw_module, bw_module
 
 
 def stock_recomputed(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> list:

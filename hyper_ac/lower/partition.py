@@ -31,7 +31,7 @@ from hyper_ac import fx_meta
 from hyper_ac.lower._fx import emit_node, erase_node, placeholder, reset_graph, to_placeholder
 from hyper_ac.lower._gc import paused_gc
 
-__all__ = ["saved_values", "partition_joint", "build_modules"]
+__all__ = ["saved_values", "partition_joint", "build_modules", "opaque_after_saved_tensors"]
 
 
 def saved_values(gm: fx.GraphModule) -> tuple[list[fx.Node], list[fx.Node]]:
@@ -134,6 +134,58 @@ def partition_joint(
     fw_module.recompile()
     bw_module.recompile()
     return fw_module, bw_module
+
+
+def opaque_after_saved_tensors(fw_module: fx.GraphModule, bw_module: fx.GraphModule, num_fwd_outputs: int) -> bool:
+    """Put the saved opaque objects (a DTensor's mesh) after every saved tensor, in the forward's
+    outputs and the backward's inputs alike, where PyTorch's min-cut left tensors behind them.
+
+    aot_autograd's runtime slices the forward's outputs as (outputs, tensors, opaque objects,
+    SymInts). The min-cut's ``functionalize_rng_ops`` (a random op tagged ``MUST_RECOMPUTE``: SDPA
+    carries the tag even without dropout) inserts its generator states just before the SymInts,
+    that is after the opaque objects, and into the backward just before the tangents; the
+    runtime then hands a mesh to ``save_for_backward`` ("expected all tensors_saved_with_vc_check
+    to be Tensors"), stock's own checkpointing of a DTensor model included. Moving the opaque
+    block past those tensors on both sides restores the convention. True when it moved anything."""
+    out_node = next(iter(fw_module.graph.find_nodes(op="output")))
+    outputs = list(out_node.args[0])
+    saved = outputs[num_fwd_outputs:]
+    symbolic = 0
+    while symbolic < len(saved) and _partitioners.is_sym_node(saved[len(saved) - 1 - symbolic]):
+        symbolic += 1
+    head = saved[:len(saved) - symbolic]
+    opaque = [x for x in head if isinstance(x, fx.Node) and fx_meta.is_opaque(x)]
+    if not opaque:
+        return False
+    first = head.index(opaque[0])
+    trailing = [x for x in head[first:] if x not in opaque]  # tensors after the opaque block
+    if not trailing:
+        return False
+    if head[first:first + len(opaque)] != opaque:
+        raise ValueError("the forward's saved opaque objects are not one block; cannot order them")
+    order = list(range(num_fwd_outputs)) + [num_fwd_outputs + i for i in range(first)]
+    order += [num_fwd_outputs + first + len(opaque) + i for i in range(len(trailing))]
+    order += [num_fwd_outputs + first + i for i in range(len(opaque))]
+    order += list(range(num_fwd_outputs + len(head), len(outputs)))
+    out_node.args = (tuple(outputs[i] for i in order),)
+    descs = out_node.meta.get(fx_meta.DESC)
+    if descs is not None and len(descs) == len(outputs):
+        out_node.meta[fx_meta.DESC] = [descs[i] for i in order]
+    traces = out_node.meta.get(fx_meta.OUTPUT_STACK_TRACES)
+    if traces is not None and len(traces) == len(outputs):
+        out_node.meta[fx_meta.OUTPUT_STACK_TRACES] = [traces[i] for i in order]
+    # The backward takes them in the same order: the opaque block, then the same number of tensors.
+    placeholders = list(bw_module.graph.find_nodes(op="placeholder"))
+    names = [p.name for p in placeholders]
+    start = names.index(opaque[0].name)
+    block = placeholders[start:start + len(opaque)]
+    after = placeholders[start + len(opaque) + len(trailing) - 1]
+    for node in block:
+        after.append(node)
+        after = node
+    fw_module.recompile()
+    bw_module.recompile()
+    return True
 
 
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)

@@ -157,8 +157,9 @@ TEST_CASE("a collective the op table does not name is saved all the same, in eve
     CHECK(p["bcast_wait"] == "MUST_SAVE");  // the wait inherits
     CHECK(p["fused"] == "MUST_SAVE");
     CHECK(r.tags.reasons[static_cast<std::size_t>(b.index("fused"))] == "collective");
+    const Graph g = b.graph();
     for (const auto& dup : r.remat.duplicates) {
-      const auto& name = b.graph().nodes[static_cast<std::size_t>(dup.of)].name;
+      const std::string& name = g.nodes[static_cast<std::size_t>(dup.of)].name;
       CHECK(name != "bcast");
       CHECK(name != "fused");
     }

@@ -47,3 +47,21 @@ def test_quick_start_shell_block_runs(tmp_path):
         assert run.returncode == 0, f"{line}\n{run.stderr}"
     assert (tmp_path / "graph.json").stat().st_size > 0
     assert "duplicated" in run.stdout
+
+
+def test_sharded_example_runs():
+    """The README's sharded example (torchrun, 2 gloo ranks: TP x FSDP2) trains from the checkout."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Sharded training"):]
+    section = section[:section.index("\n## ", 1)]
+    (block,) = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
+    (line,) = [ln for ln in block.strip().splitlines() if ln.strip() and not ln.startswith("#")]
+    line = line.split("#")[0].strip()
+    assert line.startswith("torchrun ")
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]
+    run = subprocess.run(torchrun + line.split()[1:], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    steps = re.findall(r"step (\d+): loss ([0-9.]+)", run.stdout)
+    assert len(steps) == 3, run.stdout
+    assert float(steps[-1][1]) < float(steps[0][1]), f"the loss did not fall: {steps}"
