@@ -149,8 +149,10 @@ def _graph_json(graph: Union[fx.GraphModule, str, bytes, Mapping[str, Any]], mod
                 caller: str, cfg: Optional[Config] = None) -> Union[str, bytes]:
     if isinstance(graph, fx.GraphModule):
         from hyper_ac.frontend.serialize import to_json
+        from hyper_ac.frontend.sharding import check_supported
 
         _require_annotated(graph)
+        check_supported(graph.graph, cfg.compiler if cfg is not None else "eager", stage=caller)
         # hardware: measured (the core's config facts say so): time each op (hyper_ac.frontend.op_times)
         return to_json(graph, model, measure=cfg is not None and cfg.facts["measure_op_times"])
     if isinstance(graph, (str, bytes)):  # the core reads either in place
