@@ -2,6 +2,8 @@
 #include <pybind11/pybind11.h>
 
 #include <chrono>
+#include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -141,11 +143,23 @@ void register_config(py::module_& m) {
   }, py::arg("table_json"));
 }
 
+// PlanOptions::peak_oracle from a Python callable (plan JSON text -> bytes or -1), called with
+// the GIL; the callable is referenced, never copied, so no reference count moves without it.
+std::function<std::int64_t(const std::string&)> peak_oracle_from(const std::optional<py::function>& oracle) {
+  if (!oracle) return {};
+  const py::function* callable = &*oracle;
+  return [callable](const std::string& plan_json) -> std::int64_t {
+    py::gil_scoped_acquire gil;
+    return (*callable)(plan_json).cast<std::int64_t>();
+  };
+}
+
 // The plan and its companions: the split, the frontier, the flow network.
 void register_planning(py::module_& m) {
   m.def("plan", [](std::string_view graph_json, const std::string& config_json, const std::optional<std::string>& op_policy_json,
                    bool timings, bool timeline, std::optional<std::vector<std::string>> stock_recomputed, bool detail,
-                   bool unitless_to_stock) {
+                   bool unitless_to_stock, const std::optional<py::function>& peak_oracle) {
+    auto oracle = peak_oracle_from(peak_oracle);
     py::gil_scoped_release release;
     const auto started = std::chrono::steady_clock::now();
     auto loaded = load_padded(graph_json);
@@ -154,6 +168,7 @@ void register_planning(py::module_& m) {
     options.record_timeline = timeline;
     options.stock_recomputed = std::move(stock_recomputed);
     options.unitless_to_stock = unitless_to_stock;
+    options.peak_oracle = oracle;
     auto result = plan(loaded.graph, options);
     result.timings.load_seconds = load_seconds;
     PlanJsonOptions json_options;
@@ -162,7 +177,7 @@ void register_planning(py::module_& m) {
     return plan_to_json(loaded.graph, result, json_options);
   }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = py::none(), py::arg("timings") = false,
      py::arg("timeline") = false, py::arg("stock_recomputed") = py::none(), py::arg("detail") = false,
-     py::arg("unitless_to_stock") = false,
+     py::arg("unitless_to_stock") = false, py::arg("peak_oracle") = py::none(),
      "Plan save/recompute for a graph (JSON text, str or bytes); return the plan document (docs/graph-format.md):\n"
      "the compact form, or with detail=True the full one (every tagged node's policy, region id and reason by\n"
      "name). With per-stage wall times under 'timings' if asked; without them the plan is byte-identical for the\n"
@@ -170,17 +185,21 @@ void register_planning(py::module_& m) {
      "and each schedule's last forward step. stock_recomputed: the forward node names the stock partition\n"
      "recomputes (PlanOptions::stock_recomputed): auto then rewrites nothing unless its simulated peak is below\n"
      "that plan's. unitless_to_stock: a graph without units gets an unchanged plan routed to stock, with a\n"
-     "warning, instead of NoUnitsError (PlanOptions::unitless_to_stock).");
+     "warning, instead of NoUnitsError (PlanOptions::unitless_to_stock). peak_oracle: a callable (candidate plan\n"
+     "JSON -> bytes the step holds at its peak beyond its inputs, or -1) for the budget's search and the\n"
+     "never-above-stock guard (PlanOptions::peak_oracle).");
 
   m.def("plan_split", [](std::string_view graph_json, const std::string& config_json, const std::optional<std::string>& op_policy_json,
                          bool timeline, std::optional<std::vector<std::string>> stock_recomputed, bool detail,
-                         bool unitless_to_stock) {
+                         bool unitless_to_stock, const std::optional<py::function>& peak_oracle) {
+    auto oracle = peak_oracle_from(peak_oracle);
     py::gil_scoped_release release;
     auto loaded = load_padded(graph_json);
     PlanOptions options = options_for(config_json, op_policy_json);
     options.record_timeline = timeline;
     options.stock_recomputed = std::move(stock_recomputed);
     options.unitless_to_stock = unitless_to_stock;
+    options.peak_oracle = oracle;
     auto result = plan(loaded.graph, options);
     auto split = split_joint(loaded.graph, result.remat);
     PlanJsonOptions json_options;
@@ -188,6 +207,7 @@ void register_planning(py::module_& m) {
     return std::make_pair(plan_to_json(loaded.graph, result, json_options), split_to_json(loaded.graph, split));
   }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = py::none(), py::arg("timeline") = false,
      py::arg("stock_recomputed") = py::none(), py::arg("detail") = false, py::arg("unitless_to_stock") = false,
+     py::arg("peak_oracle") = py::none(),
      "(plan JSON, split JSON): the plan exactly as plan() gives it, and the forward/backward split of the rewritten\n"
      "graph (split.h): the nodes each module runs and the values the forward saves, in order (docs/graph-format.md).");
 

@@ -244,6 +244,17 @@ BufferReuse parse_buffer_reuse(const json& value, const std::string& key) {
   return BufferReuse::Auto;
 }
 
+PeakOracle parse_peak_oracle(const json& value, const std::string& key) {
+  if (!value.is_string()) fail(key, std::string("must be a string (auto or off), got ") + value.type_name());
+  const auto name = value.get<std::string>();
+  if (name == "auto") return PeakOracle::Auto;
+  if (name == "off") return PeakOracle::Off;
+  fail(key, "unknown peak_oracle '" + name +
+                "'; use auto (the compiler's own account of a plan's peak where it can give one: Inductor's dry run) "
+                "or off (the core's simulation alone)");
+  return PeakOracle::Auto;
+}
+
 Compiler parse_compiler(const json& value, const std::string& key) {
   if (!value.is_string()) fail(key, std::string("must be a string (eager or inductor), got ") + value.type_name());
   return parse_compiler_name(value.get<std::string>(), key);
@@ -360,6 +371,9 @@ const std::vector<OptionKey>& option_keys() {
       {"ac_buffer_reuse", "", "buffer_reuse",
        [](const json& v, const std::string& k, Config& c) { c.buffer_reuse = parse_buffer_reuse(v, k); },
        [](const Config& c) -> json { return to_string(c.buffer_reuse); }},
+      {"ac_peak_oracle", "", "peak_oracle",
+       [](const json& v, const std::string& k, Config& c) { c.peak_oracle = parse_peak_oracle(v, k); },
+       [](const Config& c) -> json { return to_string(c.peak_oracle); }},
   };
   return keys;
 }
@@ -464,6 +478,7 @@ ConfigFacts config_facts(const Config& given, const ConfigFactsOptions& options)
   facts.buffer_reuse = config.buffer_reuse;
   facts.inductor_buffer_reuse = inductor_buffer_reuse(config);
   facts.inductor_backward_horizontal_fusion = inductor_backward_horizontal_fusion(config);
+  facts.peak_oracle = config.peak_oracle == PeakOracle::Auto && facts.plans;
   facts.lambda = effective_lambda(config.mincut);
   facts.lambda_configured = config.mincut.lambda.has_value();
   facts.hardware = config.mincut.hardware;
@@ -486,6 +501,7 @@ std::string config_facts_to_json(const ConfigFacts& facts) {
               {"buffer_reuse", to_string(facts.buffer_reuse)},
               {"inductor_buffer_reuse", facts.inductor_buffer_reuse},
               {"inductor_backward_horizontal_fusion", facts.inductor_backward_horizontal_fusion},
+              {"peak_oracle", facts.peak_oracle},
               {"lambda", facts.lambda},
               {"lambda_configured", facts.lambda_configured},
               {"hardware", {{"name", facts.hardware.name},
@@ -575,6 +591,8 @@ OpPolicyTable merge_op_policy(const OpPolicyTable& base, const std::string& over
 bool has_budget(const MemoryBudget& budget) { return !std::holds_alternative<std::monostate>(budget); }
 
 const char* to_string(SplitMethod split) { return split == SplitMethod::Native ? "native" : "torch"; }
+
+const char* to_string(PeakOracle oracle) { return oracle == PeakOracle::Auto ? "auto" : "off"; }
 
 const char* to_string(BufferReuse reuse) {
   switch (reuse) {

@@ -306,12 +306,22 @@ Descent descend_within_budget(const Graph& graph, const detail::NodeIndex& index
   return descent;
 }
 
+// What the budget's search leaves for a measured check (continue_budget_on_measured):
+// the frontier, the target, and which point the simulated choice came from.
+struct BudgetSearch {
+  ParetoResult frontier;
+  std::int64_t target = 0;
+  std::int64_t resident_bytes = 0;  // the all-saved step's resident values (parameters, inputs, tangents)
+  std::optional<std::size_t> chosen_point;  // frontier index of the chosen plan's point (before its descent)
+};
+
 // Budget mode: the least-recompute point of the Pareto frontier whose scored
 // figure (scored_bytes: the simulated peak, or a unit graph's saved bytes)
 // fits, then the descent above; none fits -> the smallest figure (ties: the
 // lower peak), with a warning.
 Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& index, const Config& config,
-                                const StageOptions& stages, const SimulateResult& all_saved, PlanResult& result) {
+                                const StageOptions& stages, const SimulateResult& all_saved, PlanResult& result,
+                                BudgetSearch& search) {
   const Scope& scope = result.scope;
   const std::int64_t target = budget_target(graph, config.mincut.memory_budget, all_saved, scope);
   result.stats.budget_bytes = target;
@@ -325,13 +335,15 @@ Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& ind
   const std::vector<Policy>* fitting = nullptr;
   const RematOptions schedule = unit_schedule(result.scope);  // one copy of the unit map for every point
   SecondsCache seconds;
-  for (const auto& point : frontier.points) {
+  for (std::size_t k = 0; k < frontier.points.size(); ++k) {
+    const auto& point = frontier.points[k];
     Evaluation evaluation = evaluate_indexed(graph, index, point.policies, stages.cost, schedule, &result.timings, &seconds);
     evaluation.lambda = point.lambda;
     if (scored_bytes(evaluation, scope) <= target) {
       chosen = std::move(evaluation);
       met = any = true;
       fitting = &point.policies;
+      search.chosen_point = k;
       break;
     }
     if (!any || scored_bytes(evaluation, scope) < scored_bytes(chosen, scope) ||
@@ -339,6 +351,7 @@ Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& ind
          evaluation.simulated_peak_bytes < chosen.simulated_peak_bytes)) {
       chosen = std::move(evaluation);
       any = true;
+      search.chosen_point = k;
     }
   }
   if (!any) {
@@ -359,6 +372,8 @@ Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& ind
                (descent.bounded ? ", stopped by its bound" : "") + ")"});
   }
   result.stats.budget_met = met;
+  search.target = target;
+  search.resident_bytes = all_saved.peak_bytes_with_resident - all_saved.peak_bytes;
   if (!met) {
     result.diagnostics.push_back(
         {Severity::Warning, -1,
@@ -370,6 +385,7 @@ Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& ind
     result.diagnostics.push_back({Severity::Info, -1,
                                   "Pareto search stopped after " + std::to_string(frontier.solves) +
                                       " max-flow solves; the budget plan may not be the least-recompute one"});
+  search.frontier = std::move(frontier);
   return chosen;
 }
 
@@ -552,10 +568,149 @@ void compare_with_stock(const Graph& graph, const detail::NodeIndex& index, cons
 RouteDecision decide_route(const PlanResult& result) {
   if (result.mode == Mode::Off) return {Route::Stock, "off"};
   if (result.stats.scope == "no_units") return {Route::Stock, "no_units"};
+  if (result.stats.measured_fallback) return {Route::Stock, "measured_above_stock"};
   if (!result.remat.duplicates.empty()) return {Route::Rewrite, "recomputes"};
   if (result.stats.user_tagged > 0) return {Route::Rewrite, "user_tagged"};
   if (result.stats.stock_fallback) return {Route::Stock, "stock_not_worse"};
   return {Route::Stock, "nothing_recomputed"};
+}
+
+// PlanOptions::peak_oracle, asked once per distinct candidate: a candidate is
+// sent as the plan document it would be (compact form), the stock partition
+// as the unchanged plan routed to stock.
+class MeasuredPeaks {
+ public:
+  MeasuredPeaks(const Graph& graph, const PlanOptions& options, PlanResult& result)
+      : graph_(graph), oracle_(options.peak_oracle), result_(result) {}
+
+  bool available() const { return static_cast<bool>(oracle_); }
+
+  std::int64_t of(const Evaluation& candidate) {
+    PlanResult as_plan = result_;
+    as_plan.remat = candidate.remat;
+    as_plan.policies = candidate.remat.policies;
+    as_plan.stats.lambda = candidate.lambda;
+    as_plan.stats.simulated_peak_after = candidate.simulated_peak_bytes;
+    as_plan.stats.simulated_activation_peak_after = candidate.simulated_activation_peak_bytes;
+    as_plan.stats.recompute_seconds = candidate.recompute_seconds;
+    as_plan.route = decide_route(as_plan);
+    return ask(as_plan);
+  }
+
+  std::int64_t of_stock() {
+    PlanResult as_plan = result_;
+    as_plan.policies.assign(graph_.nodes.size(), Policy::None);
+    as_plan.remat = plan_remat(graph_, as_plan.policies);
+    as_plan.route = {Route::Stock, "off"};
+    return ask(as_plan);
+  }
+
+ private:
+  std::int64_t ask(const PlanResult& as_plan) {
+    PlanJsonOptions compact;
+    compact.detail = false;
+    std::string text = plan_to_json(graph_, as_plan, compact);
+    auto it = cache_.find(text);
+    if (it != cache_.end()) return it->second;
+    const std::int64_t bytes = oracle_(text);
+    ++result_.stats.oracle_calls;
+    cache_.emplace(std::move(text), bytes);
+    return bytes;
+  }
+
+  const Graph& graph_;
+  const std::function<std::int64_t(const std::string&)>& oracle_;
+  PlanResult& result_;
+  std::map<std::string, std::int64_t> cache_;
+};
+
+// Budget mode with a peak oracle: the simulated choice measured; above the
+// target (less the resident bytes, which the measured figure leaves out), the
+// frontier from its point on is bisected on the measured peak (least recompute
+// first, kOracleBudgetProbes measurements) for the least-recompute point
+// that fits. None fits: the least measured of those tried, with a warning.
+// A simulated miss that measures within the target is met.
+void continue_budget_on_measured(const Graph& graph, const detail::NodeIndex& index, const StageOptions& stages,
+                                 const BudgetSearch& search, MeasuredPeaks& measured, PlanResult& result,
+                                 Evaluation& chosen) {
+  if (result.scope.unit_graph || !search.chosen_point) return;  // a unit graph's budget is on its saved bytes
+  const std::int64_t target = clamp_bytes(static_cast<__int128>(search.target) - search.resident_bytes);
+  std::int64_t chosen_bytes = measured.of(chosen);
+  if (chosen_bytes < 0) return;
+  const bool met_before = result.stats.budget_met;
+  if (chosen_bytes <= target) {
+    result.stats.budget_met = true;
+  } else {
+    const RematOptions schedule = unit_schedule(result.scope);
+    SecondsCache seconds;
+    // From the chosen plan's own frontier point (its descent may have saved again what the
+    // compiler needs replayed) to the frontier's end.
+    std::size_t lo = *search.chosen_point, hi = search.frontier.points.size();  // [lo, hi)
+    std::optional<Evaluation> fit;
+    std::int64_t fit_bytes = -1;
+    for (std::size_t probe = 0; probe < kOracleBudgetProbes && lo < hi; ++probe) {
+      const std::size_t mid = lo + (hi - lo) / 2;
+      const auto& point = search.frontier.points[mid];
+      Evaluation evaluation = evaluate_indexed(graph, index, point.policies, stages.cost, schedule, &result.timings,
+                                               &seconds);
+      evaluation.lambda = point.lambda;
+      const std::int64_t bytes = measured.of(evaluation);
+      if (bytes < 0) break;
+      if (bytes <= target) {
+        fit = std::move(evaluation);
+        fit_bytes = bytes;
+        hi = mid;
+      } else {
+        if (bytes < chosen_bytes) {
+          chosen = std::move(evaluation);
+          chosen_bytes = bytes;
+        }
+        lo = mid + 1;
+      }
+    }
+    if (fit) {
+      chosen = std::move(*fit);
+      chosen_bytes = fit_bytes;
+    }
+    result.stats.budget_met = fit.has_value();
+  }
+  result.stats.measured_peak_after = chosen_bytes;
+  if (result.stats.budget_met != met_before || !result.stats.budget_met)
+    result.diagnostics.push_back(
+        {result.stats.budget_met ? Severity::Info : Severity::Warning, -1,
+         std::string("memory budget on the measured peak (") + format_bytes(target) + " beyond the " +
+             format_bytes(search.resident_bytes) + " resident): " +
+             (result.stats.budget_met ? "met, at " : "cannot be met; the least measured is ") +
+             format_bytes(chosen_bytes) + " (" + std::to_string(result.stats.oracle_calls) +
+             " plans measured); using that plan"});
+}
+
+// No plan measured above stock: with a peak oracle, a plan that rewrites is
+// measured against the stock partition; above it, nothing is rewritten (the
+// stock route) and a warning names both figures. A graph the model tagged
+// itself keeps its tags (stock's partition carries them out alike).
+void guard_with_measured(const Graph& graph, const detail::NodeIndex& index, const StageOptions& stages,
+                         MeasuredPeaks& measured, PlanResult& result, Evaluation& evaluation) {
+  if (evaluation.remat.duplicates.empty() || result.tags.stats.user_tagged > 0) return;
+  const std::int64_t own = measured.of(evaluation);
+  result.stats.measured_peak_after = own;
+  if (own < 0) return;
+  const std::int64_t stock = measured.of_stock();
+  result.stats.measured_stock_peak = stock;
+  if (stock < 0 || own <= stock) return;
+  std::vector<Policy> kept = result.tags.policies;
+  for (Policy& policy : kept)
+    if (policy == Policy::PreferRecompute || policy == Policy::MustRecompute) policy = Policy::PreferSave;
+  const double lambda = evaluation.lambda;
+  evaluation = evaluate_indexed(graph, index, kept, stages.cost, unit_schedule(result.scope), &result.timings);
+  evaluation.lambda = lambda;
+  result.stats.measured_fallback = true;
+  result.stats.measured_peak_after = stock;
+  result.diagnostics.push_back(
+      {Severity::Warning, -1,
+       std::string("mode ") + to_string(result.mode) + ": the plan's measured peak (" + format_bytes(own) +
+           ") is above the stock partition's (" + format_bytes(stock) +
+           "), measured by the compiler's dry run: the graph is left to the stock partition"});
 }
 
 }  // namespace
@@ -684,12 +839,17 @@ void run_plan(const Graph& graph, const PlanOptions& options, PlanResult& result
     if (options.stock_recomputed)
       compare_with_stock(graph, index, *options.stock_recomputed, stages.cost, unit_schedule(result.scope), result,
                          evaluation);
-  } else if (config.mode == Mode::Budget) {
-    evaluation = choose_within_budget(graph, index, config, stages, before, result);
-  } else {
+  }
+  MeasuredPeaks measured(graph, options, result);
+  if (config.mode == Mode::Budget) {
+    BudgetSearch search;
+    evaluation = choose_within_budget(graph, index, config, stages, before, result, search);
+    if (measured.available()) continue_budget_on_measured(graph, index, stages, search, measured, result, evaluation);
+  } else if (config.mode != Mode::Auto) {
     evaluation = evaluate_indexed(graph, index, result.tags.policies, stages.cost, unit_schedule(result.scope),
                                   &result.timings);
   }
+  if (measured.available()) guard_with_measured(graph, index, stages, measured, result, evaluation);
   result.stats.lambda = evaluation.lambda;
   result.stats.simulated_peak_after = evaluation.simulated_peak_bytes;
   result.stats.simulated_activation_peak_after = evaluation.simulated_activation_peak_bytes;

@@ -173,6 +173,12 @@ std::vector<Field> stats_fields(const PlanResult& result) {
     fields.push_back(signed_field("stock_simulated_peak", ps.stock_simulated_peak));
     fields.push_back(bool_field("stock_fallback", ps.stock_fallback));
   }
+  if (ps.oracle_calls > 0) {
+    fields.push_back(signed_field("measured_peak_after", ps.measured_peak_after));
+    fields.push_back(signed_field("measured_stock_peak", ps.measured_stock_peak));
+    fields.push_back(count_field("oracle_calls", ps.oracle_calls));
+    fields.push_back(bool_field("measured_fallback", ps.measured_fallback));
+  }
   if (ps.step_seconds >= 0.0) {
     fields.push_back(number_field("step_seconds", ps.step_seconds));
     fields.push_back(number_field("knee_allowance_seconds", ps.knee_allowance_seconds));

@@ -29,6 +29,7 @@ its own simulated peak is lower (docs/mincut.md, "Never worse than stock").
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import warnings
@@ -176,10 +177,18 @@ class _PartitionStep:
         # auto is never worse than stock: the core compares its plan with stock's on its simulator
         # (and skips the comparison on a graph the model tagged itself).
         baseline = stock_recomputed(joint, joint_inputs, **kwargs) if facts["compare_with_stock"] else None
+        # Under Inductor the core checks its candidates on Inductor's own account of the step
+        # (docs/mincut.md, "Measured peaks"): its dry run of this joint graph, partitioned as here.
+        oracle = None
+        if self.route == "tag" and facts["peak_oracle"] and not self.tag_only:
+            from hyper_ac.lower.oracle import InductorDryRun
+
+            oracle = InductorDryRun(joint, joint_inputs, kwargs,
+                                    patches=functools.partial(inductor_patches, self.cfg))
         # With graph breaks, a piece of the step (say, only the loss) may hold no block:
         # the core routes it to stock with a warning (route_reason no_units).
         result = plan(joint, self.cfg, self.model, with_split=own_split, stock_recomputed=baseline,
-                      detail=self.detail, unitless_to_stock=True)
+                      detail=self.detail, unitless_to_stock=True, peak_oracle=oracle)
         result.report()
         if self.on_result is not None:
             self.on_result(result)
@@ -206,6 +215,16 @@ class _PartitionStep:
         apply_plan(joint, plan_json, recompile=False)
         # The core's split: native builds the modules from it, torch hands its saved set to PyTorch's extraction.
         return partition_joint(joint, joint_inputs, split=result.split, method=self.cfg.split_method, **kwargs)
+
+
+def inductor_patches(cfg: Any, is_backward: bool) -> dict:
+    """The Inductor config each graph of this config compiles under (its dry run too)."""
+    patches: dict = {"allow_buffer_reuse": cfg.inductor_buffer_reuse}
+    if is_backward and not cfg.facts["inductor_backward_horizontal_fusion"]:
+        # The core's rule (config.h): no unit's replay fused into an earlier backward.
+        # Inductor's C++ backend; its only knob for it is the fused group's size.
+        patches["cpp.max_horizontal_fusion_size"] = 1
+    return patches
 
 
 def _inductor_partitioner(step: _PartitionStep, key: str):
@@ -284,12 +303,7 @@ def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: s
         def compile_one_graph(*args, **kwargs):
             # Inductor compiles the backward lazily, at its first call: a config patch
             # around compile_fx alone would miss it, so each graph's compile gets its own.
-            patches: dict = {"allow_buffer_reuse": cfg.inductor_buffer_reuse}
-            if kwargs.get("is_backward") and not cfg.facts["inductor_backward_horizontal_fusion"]:
-                # The core's rule (config.h): no unit's replay fused into an earlier backward.
-                # Inductor's C++ backend; its only knob for it is the fused group's size.
-                patches["cpp.max_horizontal_fusion_size"] = 1
-            with torch._inductor.config.patch(patches):
+            with torch._inductor.config.patch(inductor_patches(cfg, bool(kwargs.get("is_backward")))):
                 return compile_fx_inner(*args, **kwargs)
 
         compile_inductor.partition_fn = step  # type: ignore[attr-defined]

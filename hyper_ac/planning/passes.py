@@ -16,7 +16,7 @@ import json
 import logging
 import time
 import warnings
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from torch import fx
 
@@ -166,7 +166,7 @@ def _graph_json(graph: Union[fx.GraphModule, str, bytes, Mapping[str, Any]], mod
 def plan(graph: Union[fx.GraphModule, str, bytes, Mapping[str, Any]], config: Any, model: Any = None, *,
          timeline: bool = False, with_split: bool = False,
          stock_recomputed: Optional[Sequence[str]] = None, detail: bool = False,
-         unitless_to_stock: bool = False) -> PassResult:
+         unitless_to_stock: bool = False, peak_oracle: Optional[Callable[[str], int]] = None) -> PassResult:
     """The core's plan for a joint graph, without changing it: the one entry
     the pass, the CLI and the benchmark call.
 
@@ -196,6 +196,10 @@ def plan(graph: Union[fx.GraphModule, str, bytes, Mapping[str, Any]], config: An
     ``unitless_to_stock``: a graph in which no unit can be found gets a plan that changes
     nothing, routed to stock (``route_reason`` ``no_units``) with a warning, instead of
     ``NoUnitsError`` (what the backend asks: graph breaks may leave a piece without a block).
+    ``peak_oracle``: the compiler's own account of a candidate's step peak (a candidate
+    plan document's JSON text -> bytes beyond the step's inputs, or -1), which the core
+    checks the budget's search and the never-above-stock guard against
+    (:class:`hyper_ac.lower.oracle.InductorDryRun`; docs/mincut.md, "Measured peaks").
     """
     if not isinstance(timeline, bool):
         raise TypeError(f"hyper_ac.plan: timeline must be a bool, got {type(timeline).__name__}")
@@ -218,12 +222,13 @@ def plan(graph: Union[fx.GraphModule, str, bytes, Mapping[str, Any]], config: An
         if with_split:
             plan_text, split_text = _core.plan_split(graph_json, cfg.json_for(model), op_policy_json(),
                                                      timeline=timeline, stock_recomputed=stock_recomputed,
-                                                     detail=detail, unitless_to_stock=unitless_to_stock)
+                                                     detail=detail, unitless_to_stock=unitless_to_stock,
+                                                     peak_oracle=peak_oracle)
             split_doc = json.loads(split_text)
         else:
             plan_text = _core.plan(graph_json, cfg.json_for(model), op_policy_json(), timeline=timeline,
                                    stock_recomputed=stock_recomputed, detail=detail,
-                                   unitless_to_stock=unitless_to_stock)
+                                   unitless_to_stock=unitless_to_stock, peak_oracle=peak_oracle)
         t2 = time.perf_counter()
         return PassResult(cfg.mode, json.loads(plan_text), plan_seconds=t2 - t1, serialize_seconds=t1 - t0,
                           split=split_doc)

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "hyper_ac/cost.h"
 #include "hyper_ac/plan.h"
 #include "sample_graphs.h"
@@ -684,4 +686,129 @@ TEST_CASE("unit_graph: auto compares its saved bytes with stock's", "[plan][stoc
   REQUIRE(greedy.stats.simulated_peak_after > greedy.stats.simulated_peak_before);
   free_replay.stock_recomputed = std::vector<std::string>{};
   CHECK(plan(graph, free_replay).stats.stock_fallback);
+}
+
+// PlanOptions::peak_oracle: the compiler's own account of a candidate's peak
+// (docs/mincut.md, "Measured peaks"). Fake oracles here read the candidate's
+// plan document: its route and how many nodes it duplicates.
+namespace {
+
+std::size_t duplicates_in(const std::string& plan_json) {
+  return nlohmann::json::parse(plan_json).at("duplicates").size();
+}
+
+bool routed_to_stock(const std::string& plan_json) {
+  return nlohmann::json::parse(plan_json).at("route") == "stock";
+}
+
+PlanOptions mode_options(const std::string& config_json) {
+  PlanOptions options;
+  options.config = parse_config(config_json);
+  options.op_policy = parse_op_policy(kTable);
+  return options;
+}
+
+}  // namespace
+
+TEST_CASE("peak oracle: a plan measured above stock is left to stock, naming both figures", "[plan][oracle]") {
+  const auto builder = activation_heavy(4);
+  const Graph graph = builder.graph();
+  PlanOptions options = mode_options(R"({"ac_mode": "full"})");
+  std::size_t calls = 0;
+  options.peak_oracle = [&](const std::string& text) -> std::int64_t {
+    ++calls;
+    return routed_to_stock(text) ? 1000 : 5000;
+  };
+  const PlanResult r = plan(graph, options);
+  CHECK(r.route.route == Route::Stock);
+  CHECK(r.route.reason == "measured_above_stock");
+  CHECK(r.remat.duplicates.empty());
+  CHECK(r.stats.measured_fallback);
+  CHECK(r.stats.measured_stock_peak == 1000);
+  CHECK(r.stats.oracle_calls == 2);
+  CHECK(calls == 2);
+  bool warned = false;
+  for (const auto& d : r.diagnostics)
+    warned = warned || (d.severity == Severity::Warning && d.message.find(format_bytes(5000)) != std::string::npos &&
+                        d.message.find(format_bytes(1000)) != std::string::npos);
+  CHECK(warned);
+  const std::string doc = plan_to_json(graph, r, false);
+  CHECK(doc.find(R"("measured_fallback":true)") != std::string::npos);
+  CHECK(doc.find(R"("route_reason":"measured_above_stock")") != std::string::npos);
+}
+
+TEST_CASE("peak oracle: a plan measured below stock is kept; -1 leaves the simulated plan as it was",
+          "[plan][oracle]") {
+  const auto builder = activation_heavy(4);
+  const Graph graph = builder.graph();
+  for (const char* config : {R"({"ac_mode": "full"})", R"({"ac_mode": "selective"})",
+                             R"({"ac_mode": "budget", "ac_memory_budget": 0.6})"}) {
+    CAPTURE(config);
+    const PlanResult simulated = plan(graph, mode_options(config));
+    REQUIRE_FALSE(simulated.remat.duplicates.empty());
+    PlanOptions below = mode_options(config);
+    below.peak_oracle = [](const std::string& text) -> std::int64_t { return routed_to_stock(text) ? 5000 : 1000; };
+    const PlanResult kept = plan(graph, below);
+    CHECK(kept.route.route == Route::Rewrite);
+    CHECK(kept.remat.duplicates.size() == simulated.remat.duplicates.size());
+    CHECK(kept.stats.measured_peak_after == 1000);
+    CHECK(kept.stats.measured_stock_peak == 5000);
+    CHECK_FALSE(kept.stats.measured_fallback);
+    PlanOptions unknown = mode_options(config);
+    unknown.peak_oracle = [](const std::string&) -> std::int64_t { return -1; };
+    const PlanResult same = plan(graph, unknown);
+    CHECK(same.remat.duplicates.size() == simulated.remat.duplicates.size());
+    CHECK(same.stats.budget_met == simulated.stats.budget_met);
+    CHECK(same.stats.measured_peak_after == -1);
+    CHECK(plan_to_json(graph, simulated, false).find("oracle_calls") == std::string::npos);
+  }
+}
+
+TEST_CASE("peak oracle: budget goes on down the frontier until the measured peak fits", "[plan][oracle][budget]") {
+  const auto builder = activation_heavy(4);
+  const Graph graph = builder.graph();
+  const PlanOptions simulated_options = budget_options(0.8);
+  const PlanResult simulated = plan(graph, simulated_options);
+  REQUIRE(simulated.stats.budget_met);
+  const double threshold = simulated.stats.recompute_seconds;
+  const auto frontier = pareto(graph, simulated_options);
+  // The compiler holds more than simulated: only plans that recompute more than the simulated
+  // choice fit (monotone along the frontier, which is ordered least recompute first).
+  double least = std::numeric_limits<double>::infinity();
+  for (const auto& p : frontier)
+    if (p.recompute_seconds > threshold * (1 + 1e-9)) least = std::min(least, p.recompute_seconds);
+  REQUIRE(std::isfinite(least));
+  auto recompute_of = [](const std::string& text) {
+    return nlohmann::json::parse(text).at("stats").at("recompute_seconds").get<double>();
+  };
+  PlanOptions options = budget_options(0.8);
+  std::set<std::string> seen;
+  std::size_t calls = 0;
+  options.peak_oracle = [&](const std::string& text) -> std::int64_t {
+    ++calls;
+    seen.insert(text);
+    if (routed_to_stock(text)) return std::int64_t{1} << 40;
+    return recompute_of(text) > threshold * (1 + 1e-9) ? 0 : std::int64_t{1} << 40;
+  };
+  const PlanResult r = plan(graph, options);
+  CHECK(r.stats.budget_met);
+  CHECK(r.stats.measured_peak_after == 0);
+  CHECK(r.stats.recompute_seconds == Approx(least));  // the least-recompute point that fits
+  CHECK(calls == seen.size());                          // each distinct candidate measured once
+  CHECK(r.stats.oracle_calls == calls);
+  CHECK(calls <= kOracleBudgetProbes + 2);  // the simulated choice, the probes, stock
+
+  // Nothing fits: the least measured plan, the budget reported missed.
+  PlanOptions never = budget_options(0.8);
+  never.peak_oracle = [&](const std::string& text) -> std::int64_t {
+    return routed_to_stock(text) ? std::int64_t{1} << 41 : (std::int64_t{1} << 40) - 1000 * duplicates_in(text);
+  };
+  const PlanResult missed = plan(graph, never);
+  CHECK_FALSE(missed.stats.budget_met);
+  CHECK(missed.route.route == Route::Rewrite);
+  CHECK(missed.remat.duplicates.size() > simulated.remat.duplicates.size());
+  bool warned = false;
+  for (const auto& d : missed.diagnostics)
+    warned = warned || (d.severity == Severity::Warning && d.message.find("measured peak") != std::string::npos);
+  CHECK(warned);
 }

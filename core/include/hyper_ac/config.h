@@ -64,6 +64,14 @@ const char* to_string(SplitMethod split);
 enum class BufferReuse { Auto, Inductor, None };
 const char* to_string(BufferReuse reuse);
 
+// Where a plan's step peak comes from besides the core's simulation (config
+// key `peak_oracle`): `auto` asks the compiler that runs the graph, where the
+// caller can (hyper_ac.backend(compiler="inductor") on CPU: Inductor's dry
+// run, PlanOptions::peak_oracle), for the budget's search and the
+// never-above-stock guard; `off`: the simulation alone (no extra compiles).
+enum class PeakOracle { Auto, Off };
+const char* to_string(PeakOracle oracle);
+
 // Roofline hardware profile for recompute cost (min-cut modes).
 // Accepted ranges of the floats a config sets (docs/config.md): anything else,
 // and any non-finite value, is a ConfigError naming the key.
@@ -120,6 +128,7 @@ struct Config {
   RngPolicy rng = RngPolicy::Replay;  // `rng: replay | save`
   SplitMethod split = SplitMethod::Native;  // `split: native | torch` (read by the Python backend)
   BufferReuse buffer_reuse = BufferReuse::Auto;  // `buffer_reuse: auto | inductor | none` (read by the Python backend)
+  PeakOracle peak_oracle = PeakOracle::Auto;     // `peak_oracle: auto | off` (read by the Python backend)
   // The config's op_policy section (canonical JSON), empty when absent: the
   // categories it names replace those of the default table.
   std::string op_policy_override;
@@ -198,6 +207,9 @@ struct ConfigFacts {
   BufferReuse buffer_reuse = BufferReuse::Auto;
   bool inductor_buffer_reuse = true;  // inductor_buffer_reuse(config)
   bool inductor_backward_horizontal_fusion = true;  // inductor_backward_horizontal_fusion(config)
+  // The caller that compiles with Inductor passes its dry run as
+  // PlanOptions::peak_oracle: peak_oracle auto and a mode that plans.
+  bool peak_oracle = false;
   double lambda = 0.0;                // effective_lambda
   bool lambda_configured = false;     // the config sets lambda (else derived from the hardware)
   HardwareProfile hardware;           // with `compiler`: the recompute cost options (CostOptions)

@@ -2,6 +2,8 @@
 // plan → memory estimate, and the plan's JSON form (docs/graph-format.md).
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <optional>
 #include <string>
@@ -55,7 +57,21 @@ struct PlanOptions {
   // naming why, instead of the error. For a compiler backend: a piece of a
   // step that graph breaks cut off (say, only the loss) may hold no block.
   bool unitless_to_stock = false;
+  // The compiler's own account of a candidate plan's step peak, where the
+  // caller has one (ConfigFacts::peak_oracle; hyper_ac.backend(compiler=
+  // "inductor"): Inductor's dry run, docs/mincut.md "Measured peaks"). Called
+  // with the candidate's plan document (compact form; route "stock": the stock
+  // partition), it returns the bytes the step holds at its peak beyond what
+  // exists before it (parameters, inputs), or -1 when it cannot tell (the
+  // simulation then stands). The budget's search is checked and continued on
+  // it, and no plan measured above stock's is kept. Each distinct candidate is
+  // measured once. Empty (the default): the simulation alone.
+  std::function<std::int64_t(const std::string& plan_json)> peak_oracle;
 };
+
+// Budget mode with a peak oracle: the most frontier points measured past the
+// simulated choice (a bisection over the frontier, least recompute first).
+inline constexpr std::size_t kOracleBudgetProbes = 5;
 
 struct PlanStats {
   std::size_t regions = 0;
@@ -92,6 +108,16 @@ struct PlanStats {
   double step_seconds = -1.0;
   double knee_allowance_seconds = 0.0;
   std::size_t knee_points = 0;
+  // With PlanOptions::peak_oracle: the measured peaks (bytes beyond the
+  // resident values) of the chosen plan and of the stock partition, the
+  // distinct candidates measured, and whether the plan fell back to stock
+  // because its measured peak was above stock's (route_reason
+  // measured_above_stock). -1: not measured; oracle_calls 0: none of these is
+  // written to the plan JSON.
+  std::int64_t measured_peak_after = -1;
+  std::int64_t measured_stock_peak = -1;
+  std::size_t oracle_calls = 0;
+  bool measured_fallback = false;
 };
 
 // Wall time per stage. Not part of the plan JSON unless asked for: plans are
@@ -137,7 +163,9 @@ struct RouteDecision {
   //   stock:   "off" (mode off), "no_units" (no unit in the graph, under
   //            PlanOptions::unitless_to_stock), "stock_not_worse" (auto's plan is not below
   //            the stock partition's simulated peak), "nothing_recomputed"
-  //            (no duplicate, and the model tagged no node itself);
+  //            (no duplicate, and the model tagged no node itself),
+  //            "measured_above_stock" (PlanOptions::peak_oracle measured the
+  //            plan above the stock partition);
   //   rewrite: "recomputes" (the plan duplicates nodes), "user_tagged" (none,
   //            but the model's own tags must be carried out: PlanStats::user_tagged).
   std::string reason = "off";

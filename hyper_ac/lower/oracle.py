@@ -1,0 +1,205 @@
+"""Inductor's own account of a plan's step peak: the dry run (``PlanOptions::peak_oracle``).
+
+The core's simulation ranks candidate plans but cannot see what Inductor does
+after the partition (fusion across a replay and the backward, buffer reuse,
+allocations inside extern kernels). Inductor's generated code can: compiled
+with its C++ kernels replaced by no-ops, the wrapper still allocates, reuses
+and frees exactly as the real one does, and the extern aten kernels (matmuls,
+attention) still run. One forward and backward of that code under the counting
+allocator gives the step's peak to the byte (research note: 7 of 7
+configurations equal to the real step's; ``tests/python/test_oracle.py``).
+
+:class:`InductorDryRun` is what ``hyper_ac.backend(compiler="inductor")`` passes
+to the core for one joint graph: given a candidate's plan document, it
+partitions a copy of the same joint graph as the backend would (the plan's
+decisions as tags, PyTorch's min-cut), compiles both modules with the kernels
+stubbed, runs them once on zero-filled inputs and returns the bytes held at
+the peak beyond the inputs; -1 where it cannot (a non-CPU or symbolic-shape
+graph, opaque inputs such as a DTensor's mesh, a failure of the dry run, which
+is warned about once). The core decides what the figure means; nothing here
+chooses a plan.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import time
+import warnings
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+import torch.fx as fx
+
+__all__ = ["InductorDryRun", "dry_run_peak", "dry_running", "stubbed_kernels"]
+
+_MEASURING: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("hyper_ac_dry_run", default=None)
+
+
+def dry_running() -> Optional[str]:
+    """The route of the candidate a dry run is compiling right now (``"rewrite"`` / ``"stock"``), else None:
+    for whoever watches Inductor's compiles and must tell a measurement from the real one."""
+    return _MEASURING.get()
+
+
+def _noop(*_args: Any, **_kwargs: Any) -> None:
+    return None
+
+
+@contextlib.contextmanager
+def stubbed_kernels() -> Iterator[None]:
+    """Inductor's C++ kernels compiled as no-ops, its FX graph cache off, for as long as the block runs.
+
+    Afterwards the loaded-module cache is cleared: it is keyed by the wrapper's
+    source, and a real compile of the same source would get the stubbed module back."""
+    from torch._inductor.async_compile import AsyncCompile
+    from torch._inductor.codecache import PyCodeCache
+
+    saved = AsyncCompile.cpp, AsyncCompile.cpp_pybinding
+    AsyncCompile.cpp = lambda self, source_code: _noop
+    AsyncCompile.cpp_pybinding = lambda self, argtypes, source_code: _noop
+    try:
+        with torch._inductor.config.patch(fx_graph_cache=False, compile_threads=1):
+            yield
+    finally:
+        AsyncCompile.cpp, AsyncCompile.cpp_pybinding = saved
+        PyCodeCache.modules_no_attr.clear()
+
+
+def _placeholders(gm: fx.GraphModule) -> list[fx.Node]:
+    return [node for node in gm.graph.nodes if node.op == "placeholder"]
+
+
+def _concrete(sizes) -> Optional[tuple]:
+    """Sizes as ints: a SymInt by its hint (backed by the example the graph was traced with); None without one."""
+    out = []
+    for size in sizes:
+        if isinstance(size, torch.SymInt):
+            size = size.node.hint
+        if not isinstance(size, int):
+            return None
+        out.append(size)
+    return tuple(out)
+
+
+def _zeros_like(value: torch.Tensor) -> torch.Tensor:
+    """A real input for a placeholder: zeros, or for a CPU generator's state (a replayed random
+    op's), the generator's current one (an all-zero state is refused by the generator)."""
+    state = torch.get_rng_state()
+    if value.dtype == torch.uint8 and _concrete(value.shape) == tuple(state.shape) and value.device.type == "cpu":
+        return state
+    return torch.empty_strided(_concrete(value.shape), _concrete(value.stride()), dtype=value.dtype,
+                               device=value.device).zero_()
+
+
+def why_not_measurable(*modules: fx.GraphModule) -> Optional[str]:
+    """Why a dry run cannot measure these modules (None: it can)."""
+    for gm in modules:
+        for node in _placeholders(gm):
+            value = node.meta.get("val")
+            if not isinstance(value, torch.Tensor):
+                return f"input {node.name!r} is not a tensor ({type(value).__name__})"
+            if value.device.type != "cpu":
+                return f"input {node.name!r} is on {value.device} (the counting allocator counts CPU memory)"
+            if _concrete(value.shape) is None or _concrete(value.stride()) is None:
+                return f"input {node.name!r} has a shape without a hint (data-dependent)"
+    return None
+
+
+def dry_run_peak(forward: fx.GraphModule, backward: fx.GraphModule,
+                 patches: Callable[[bool], dict] = lambda is_backward: {}) -> int:
+    """The bytes a step of these partitioned modules holds at its peak beyond its inputs:
+    both compiled by Inductor with stubbed kernels, run once on zero-filled inputs (the
+    forward's user outputs freed after it, the gradients kept to the end, as in a step
+    whose output is reduced to a loss). ``patches(is_backward)``: the Inductor config each
+    module compiles under, as the real compile's."""
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from hyper_ac import memory
+
+    forward_inputs = [node.meta["val"] for node in _placeholders(forward)]
+    backward_inputs = [node.meta["val"] for node in _placeholders(backward)]
+    with stubbed_kernels(), torch._guards.tracing(None):
+        with torch._inductor.config.patch(patches(False)):
+            run_forward = compile_fx_inner(forward, forward_inputs)
+        with torch._inductor.config.patch(patches(True)):
+            run_backward = compile_fx_inner(backward, backward_inputs, is_backward=True)
+    output_names = [arg.name if isinstance(arg, fx.Node) else None
+                    for arg in forward.graph.find_nodes(op="output")[0].args[0]]
+    with unset_fake_temporarily():
+        args = [_zeros_like(value) for value in forward_inputs]
+        with memory.track() as tracked:
+            outputs = run_forward(args)  # boxed: takes the list and frees what it no longer needs
+            produced = dict(zip(output_names, outputs))
+            del outputs
+            backward_args = [produced[node.name] if node.name in produced else _zeros_like(node.meta["val"])
+                             for node in _placeholders(backward)]
+            del produced
+            gradients = run_backward(backward_args)
+            peak = tracked.peak_bytes
+        del gradients
+    return peak
+
+
+class InductorDryRun:
+    """``PlanOptions::peak_oracle`` for one joint graph under ``hyper_ac.backend(compiler="inductor")``.
+
+    ``joint`` / ``joint_inputs`` / ``partition_kwargs``: what the partition step was
+    called with; ``patches(is_backward)``: the Inductor config the backend compiles a
+    planned graph under (a candidate routed to stock is measured as stock
+    ``torch.compile`` compiles it, Inductor's defaults). Called with a candidate plan's
+    JSON text, it returns the dry run's peak bytes (or -1). ``calls``: (route, bytes,
+    seconds) per measurement."""
+
+    def __init__(self, joint: fx.GraphModule, joint_inputs: Any, partition_kwargs: dict,
+                 patches: Callable[[bool], dict] = lambda is_backward: {}) -> None:
+        self._patches = patches
+        from hyper_ac.lower._fx import copy_graph_module
+
+        # Inputs a dry run cannot make (a DTensor's mesh, a device tensor) rule the graph out before any work.
+        self._unmeasurable = why_not_measurable(joint)
+        self._joint = None if self._unmeasurable else copy_graph_module(joint)  # before any plan touches it
+        self._joint_inputs = joint_inputs
+        self._kwargs = dict(partition_kwargs)
+        self.calls: list[tuple[str, int, float]] = []
+        self._warned = False
+
+    def __call__(self, plan_text: str) -> int:
+        from hyper_ac.lower._fx import copy_graph_module
+        from hyper_ac.lower.apply import apply_elided_copies
+        from hyper_ac.lower.backends import stock_partition, write_correctness_pins, write_decisions
+
+        started = time.perf_counter()
+        plan = json.loads(plan_text)
+        if self._unmeasurable:
+            return self._cannot(plan, f"not measurable: {self._unmeasurable}", started)
+        gm = copy_graph_module(self._joint)
+        apply_elided_copies(gm, plan)
+        if plan["route"] == "stock":
+            write_correctness_pins(gm, plan)
+        else:
+            write_decisions(gm, plan)
+        forward, backward = stock_partition(gm, self._joint_inputs, **self._kwargs)
+        reason = why_not_measurable(forward, backward)
+        if reason is not None:
+            return self._cannot(plan, f"not measurable: {reason}", started)
+        patches = self._patches if plan["route"] != "stock" else (lambda is_backward: {})
+        token = _MEASURING.set(plan["route"])
+        try:
+            peak = dry_run_peak(forward, backward, patches)
+        except Exception as error:  # the simulation stands; say why once
+            return self._cannot(plan, f"the dry run failed: {type(error).__name__}: {error}", started)
+        finally:
+            _MEASURING.reset(token)
+        self.calls.append((plan["route"], peak, time.perf_counter() - started))
+        return peak
+
+    def _cannot(self, plan: dict, why: str, started: float) -> int:
+        if not self._warned:
+            warnings.warn(f"hyper_ac: Inductor's dry run cannot measure this graph's plans ({why}); the core's "
+                          "simulation stands (peak_oracle: off skips the attempt)", stacklevel=2)
+            self._warned = True
+        self.calls.append((plan["route"], -1, time.perf_counter() - started))
+        return -1

@@ -1,0 +1,136 @@
+"""Plans judged on what Inductor runs (hyper_ac.lower.oracle, PlanOptions::peak_oracle; docs/mincut.md,
+"Measured peaks"): the dry run's figure equals the real step's measured peak; budget plans are checked
+and continued on it; a plan measured above stock is left to stock; ``peak_oracle: off`` measures nothing."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+
+import hyper_ac
+from hyper_ac import memory, models
+
+# The real step holds a few bytes the dry run does not (the loss's tangent, made by .backward()).
+SLACK_BYTES = 64
+
+
+def _model():
+    """A Llama whose activations set the step's peak (at the default test size they do not)."""
+    model = models.hf_model("llama", 2, hidden=128, heads=8, vocab=2048, max_seq=128, attn_implementation="sdpa",
+                            intermediate_size=344)
+    return model, models.example_batch("llama", batch=1, seq=128, vocab=2048)
+
+
+def _step(config):
+    """(measured peak of the second step, the plans) of a fresh model compiled with Inductor; config None: stock."""
+    import torch._functorch.config as functorch_config
+
+    torch._dynamo.reset()
+    model, batch = _model()
+    plans: list = []
+    if config is None:
+        run = torch.compile(model)
+    else:
+        run = torch.compile(model, backend=hyper_ac.backend(config, model=model, compiler="inductor",
+                                                            on_result=lambda r: plans.append(r.plan)))
+    with functorch_config.patch(enable_autograd_cache=False), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run(**batch).loss.backward()
+        model.zero_grad(set_to_none=True)
+        with memory.track() as tracked:
+            run(**batch).loss.backward()
+        model.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    return tracked.peak_bytes, plans
+
+
+@pytest.fixture(scope="module")
+def stock_peak():
+    return _step(None)[0]
+
+
+@pytest.mark.parametrize("config", [{"ac_mode": "selective"}, {"ac_mode": "budget", "ac_memory_budget": 0.5}])
+def test_dry_run_equals_the_real_step(config, stock_peak):
+    peak, plans = _step(config)
+    assert len(plans) == 1
+    stats = plans[0]["stats"]
+    assert stats["oracle_calls"] >= 2  # the plan and stock at least
+    assert abs(stats["measured_peak_after"] - peak) <= SLACK_BYTES, (stats, peak)
+    assert abs(stats["measured_stock_peak"] - stock_peak) <= SLACK_BYTES, (stats, stock_peak)
+    assert peak < stock_peak
+
+
+def test_budget_floor_is_full_on_the_measured_peak(stock_peak):
+    """An unreachable budget ends at the least measured plan of the frontier: no higher than full's."""
+    full, _ = _step({"ac_mode": "full"})
+    floor, plans = _step({"ac_mode": "budget", "ac_memory_budget": 0.01})
+    stats = plans[0]["stats"]
+    assert not stats["budget_met"]
+    assert floor <= 1.01 * full, (floor, full, stats)
+    assert floor < stock_peak
+
+
+def test_peak_oracle_off_measures_nothing():
+    _, plans = _step({"ac_mode": "selective", "ac_peak_oracle": "off"})
+    assert "oracle_calls" not in plans[0]["stats"]
+
+
+def test_a_plan_measured_above_stock_goes_to_stock(captured):
+    """The core's guard, fed a figure: route stock, reason measured_above_stock, both figures named."""
+    gm = captured("llama").gm
+    seen: list = []
+
+    def oracle(text: str) -> int:
+        plan = json.loads(text)
+        seen.append(plan["route"])
+        return 1_000 if plan["route"] == "stock" else 2_000_000
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = hyper_ac.plan(gm, "full", peak_oracle=oracle)
+        result.report()
+    assert result.plan["route"] == "stock" and result.plan["route_reason"] == "measured_above_stock"
+    assert result.plan["stats"]["measured_fallback"] is True
+    assert sorted(seen) == ["rewrite", "stock"]
+    assert any("above the stock partition's" in str(w.message) and "1000 B" in str(w.message) for w in caught), \
+        [str(w.message) for w in caught]
+
+
+def test_oracle_errors_reach_the_caller(captured):
+    """An oracle that raises is not swallowed by the core: the error reaches plan()'s caller."""
+    def oracle(text: str) -> int:
+        raise RuntimeError("oracle broke")
+
+    with pytest.raises(RuntimeError, match="oracle broke"):
+        hyper_ac.plan(captured("llama").gm, "full", peak_oracle=oracle)
+
+
+def test_dry_runs_compile_as_the_real_step_does():
+    """A candidate that rewrites is compiled under the backend's own Inductor settings (no buffer reuse,
+    no horizontal fusion in a planned backward); one routed to stock as stock torch.compile compiles it."""
+    import torch._inductor.compile_fx as compile_fx_module
+
+    from hyper_ac.lower.oracle import dry_running
+
+    seen: list = []
+    real = compile_fx_module.compile_fx_inner
+
+    def spy(*args, **kwargs):
+        seen.append((dry_running(), bool(kwargs.get("is_backward")), torch._inductor.config.allow_buffer_reuse,
+                     torch._inductor.config.cpp.max_horizontal_fusion_size))
+        return real(*args, **kwargs)
+
+    compile_fx_module.compile_fx_inner = spy
+    try:
+        _step({"ac_mode": "selective"})
+    finally:
+        compile_fx_module.compile_fx_inner = real
+    stock_size = torch._inductor.config.cpp.max_horizontal_fusion_size
+    measured = {(route, backward): (reuse, size) for route, backward, reuse, size in seen if route is not None}
+    real_compiles = {(backward): (reuse, size) for route, backward, reuse, size in seen if route is None}
+    assert measured == {("rewrite", False): (False, stock_size), ("rewrite", True): (False, 1),
+                        ("stock", False): (True, stock_size), ("stock", True): (True, stock_size)}, seen
+    assert real_compiles == {False: (False, stock_size), True: (False, 1)}, seen
