@@ -585,8 +585,9 @@ class MeasuredPeaks {
 
   bool available() const { return static_cast<bool>(oracle_); }
 
-  std::int64_t of(const Evaluation& candidate) {
-    PlanResult as_plan = result_;
+  // `base`: the plan the candidate belongs to (its scope and tags), the plan being made by default.
+  std::int64_t of(const Evaluation& candidate, const PlanResult* base = nullptr) {
+    PlanResult as_plan = base ? *base : result_;
     as_plan.remat = candidate.remat;
     as_plan.policies = candidate.remat.policies;
     as_plan.stats.lambda = candidate.lambda;
@@ -606,15 +607,21 @@ class MeasuredPeaks {
   }
 
  private:
+  // Keyed by what the measured step depends on: the route, the per-node policies and the
+  // duplicates with their insertion points (not the stats or notes the document also carries).
   std::int64_t ask(const PlanResult& as_plan) {
+    std::string key = to_string(as_plan.route.route);
+    key.reserve(key.size() + as_plan.policies.size() + 8 * as_plan.remat.duplicates.size());
+    for (Policy policy : as_plan.policies) key.push_back(static_cast<char>('a' + static_cast<int>(policy)));
+    for (const auto& dup : as_plan.remat.duplicates)
+      key += ";" + std::to_string(dup.of) + ">" + std::to_string(dup.before);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
     PlanJsonOptions compact;
     compact.detail = false;
-    std::string text = plan_to_json(graph_, as_plan, compact);
-    auto it = cache_.find(text);
-    if (it != cache_.end()) return it->second;
-    const std::int64_t bytes = oracle_(text);
+    const std::int64_t bytes = oracle_(plan_to_json(graph_, as_plan, compact));
     ++result_.stats.oracle_calls;
-    cache_.emplace(std::move(text), bytes);
+    cache_.emplace(std::move(key), bytes);
     return bytes;
   }
 
@@ -683,6 +690,40 @@ void continue_budget_on_measured(const Graph& graph, const detail::NodeIndex& in
              (result.stats.budget_met ? "met, at " : "cannot be met; the least measured is ") +
              format_bytes(chosen_bytes) + " (" + std::to_string(result.stats.oracle_calls) +
              " plans measured); using that plan"});
+}
+
+// full / selective with regions.output_recompute and a peak oracle: the plan
+// with it is measured against the same mode without it (the regions' outputs
+// saved); unless it measures strictly lower, output_recompute is refused for
+// this graph with a warning naming both figures (stats.output_recompute_refused),
+// and the plan without it goes on. Output recompute exists to lower the peak;
+// a replay chain the compiler fuses or holds alive can raise it instead.
+void weigh_output_recompute(const Graph& graph, const detail::NodeIndex& index, const StageOptions& stages,
+                            MeasuredPeaks& measured, PlanResult& result, Evaluation& evaluation) {
+  const auto& marked = result.scope.region_output_recompute;
+  if (std::none_of(marked.begin(), marked.end(), [](bool on) { return on; })) return;
+  PlanResult plain = result;
+  std::fill(plain.scope.region_output_recompute.begin(), plain.scope.region_output_recompute.end(), false);
+  plain.tags = detail::tag_policies(graph, index, plain.scope, stages.tag);
+  Evaluation without = evaluate_indexed(graph, index, plain.tags.policies, stages.cost, unit_schedule(plain.scope),
+                                        &result.timings);
+  const std::int64_t with_it = measured.of(evaluation), without_it = measured.of(without, &plain);
+  if (with_it < 0 || without_it < 0) return;
+  if (with_it < without_it) {
+    result.diagnostics.push_back({Severity::Info, -1,
+                                  "output_recompute lowers the measured peak: " + format_bytes(with_it) + " against " +
+                                      format_bytes(without_it) + " without it"});
+    return;
+  }
+  result.scope = std::move(plain.scope);
+  result.tags = std::move(plain.tags);
+  evaluation = std::move(without);
+  result.stats.output_recompute_refused = true;
+  result.diagnostics.push_back(
+      {Severity::Warning, -1,
+       "output_recompute refused for this graph: the measured peak with it (" + format_bytes(with_it) +
+           ") is not below the same mode without it (" + format_bytes(without_it) +
+           "), measured by the compiler's dry run; the regions' outputs are saved"});
 }
 
 // No plan measured above stock: with a peak oracle, a plan that rewrites is
@@ -848,6 +889,7 @@ void run_plan(const Graph& graph, const PlanOptions& options, PlanResult& result
   } else if (config.mode != Mode::Auto) {
     evaluation = evaluate_indexed(graph, index, result.tags.policies, stages.cost, unit_schedule(result.scope),
                                   &result.timings);
+    if (measured.available()) weigh_output_recompute(graph, index, stages, measured, result, evaluation);
   }
   if (measured.available()) guard_with_measured(graph, index, stages, measured, result, evaluation);
   result.stats.lambda = evaluation.lambda;

@@ -183,7 +183,7 @@ class _PartitionStep:
         if self.route == "tag" and facts["peak_oracle"] and not self.tag_only:
             from hyper_ac.lower.oracle import InductorDryRun
 
-            oracle = InductorDryRun(joint, joint_inputs, kwargs,
+            oracle = InductorDryRun(joint, functools.partial(partition_as_planned, joint_inputs=joint_inputs, **kwargs),
                                     patches=functools.partial(inductor_patches, self.cfg))
         # With graph breaks, a piece of the step (say, only the loss) may hold no block:
         # the core routes it to stock with a warning (route_reason no_units).
@@ -196,18 +196,12 @@ class _PartitionStep:
         # partition included): what is left is the graph the core planned.
         from hyper_ac.lower.apply import apply_elided_copies
 
+        if result.plan["route"] == "stock" or self.route == "tag" and not self.tag_only:
+            return partition_as_planned(joint, result.plan, joint_inputs=joint_inputs, **kwargs)
         apply_elided_copies(joint, result.plan)
         plan_json = {key: value for key, value in result.plan.items() if key != "elided_copies"}
-        if plan_json["route"] == "stock":
-            # The core's route (plan "route_reason"): the stock partition (which may recompute
-            # what it fuses), but never of a value the core pins for correctness.
-            write_correctness_pins(joint, plan_json)
-            return stock_partition(joint, joint_inputs, **kwargs)
         if self.tag_only:
             apply_plan(joint, plan_json, tag_only=True)
-            return stock_partition(joint, joint_inputs, **kwargs)
-        if self.route == "tag":
-            write_decisions(joint, plan_json)
             return stock_partition(joint, joint_inputs, **kwargs)
         from hyper_ac.lower.partition import partition_joint
 
@@ -215,6 +209,22 @@ class _PartitionStep:
         apply_plan(joint, plan_json, recompile=False)
         # The core's split: native builds the modules from it, torch hands its saved set to PyTorch's extraction.
         return partition_joint(joint, joint_inputs, split=result.split, method=self.cfg.split_method, **kwargs)
+
+
+def partition_as_planned(joint: fx.GraphModule, plan: Any, *, joint_inputs: Any, **kwargs: Any):
+    """PyTorch's partition of ``joint`` carrying out a plan document (the Inductor route, and
+    the core's route to stock on either compiler): exact copies the core elided removed; then,
+    routed to stock, the stock partition (which may recompute what it fuses) but never of a value
+    the core pins for correctness; otherwise the plan's decisions as tags PyTorch's min-cut
+    carries out. What Inductor's dry run measures a candidate by (hyper_ac.lower.oracle)."""
+    from hyper_ac.lower.apply import apply_elided_copies
+
+    apply_elided_copies(joint, plan)
+    if plan["route"] == "stock":
+        write_correctness_pins(joint, plan)
+    else:
+        write_decisions(joint, plan)
+    return stock_partition(joint, joint_inputs, **kwargs)
 
 
 def inductor_patches(cfg: Any, is_backward: bool) -> dict:

@@ -11,8 +11,8 @@ configurations equal to the real step's; ``tests/python/test_oracle.py``).
 
 :class:`InductorDryRun` is what ``hyper_ac.backend(compiler="inductor")`` passes
 to the core for one joint graph: given a candidate's plan document, it
-partitions a copy of the same joint graph as the backend would (the plan's
-decisions as tags, PyTorch's min-cut), compiles both modules with the kernels
+partitions a copy of the same joint graph with the backend's own partition
+(``hyper_ac.lower.backends.partition_as_planned``, handed in), compiles both modules with the kernels
 stubbed, runs them once on zero-filled inputs and returns the bytes held at
 the peak beyond the inputs; -1 where it cannot (a non-CPU or symbolic-shape
 graph, opaque inputs such as a DTensor's mesh, a failure of the dry run, which
@@ -146,42 +146,33 @@ def dry_run_peak(forward: fx.GraphModule, backward: fx.GraphModule,
 class InductorDryRun:
     """``PlanOptions::peak_oracle`` for one joint graph under ``hyper_ac.backend(compiler="inductor")``.
 
-    ``joint`` / ``joint_inputs`` / ``partition_kwargs``: what the partition step was
-    called with; ``patches(is_backward)``: the Inductor config the backend compiles a
+    ``joint``: the graph the partition step was called with; ``partition(gm, plan)``:
+    the backend's partition of a copy of it under a candidate's plan document, into
+    (forward, backward) modules; ``patches(is_backward)``: the Inductor config the backend compiles a
     planned graph under (a candidate routed to stock is measured as stock
     ``torch.compile`` compiles it, Inductor's defaults). Called with a candidate plan's
     JSON text, it returns the dry run's peak bytes (or -1). ``calls``: (route, bytes,
     seconds) per measurement."""
 
-    def __init__(self, joint: fx.GraphModule, joint_inputs: Any, partition_kwargs: dict,
+    def __init__(self, joint: fx.GraphModule, partition: Callable[[fx.GraphModule, dict], tuple],
                  patches: Callable[[bool], dict] = lambda is_backward: {}) -> None:
-        self._patches = patches
+        self._partition, self._patches = partition, patches
         from hyper_ac.lower._fx import copy_graph_module
 
         # Inputs a dry run cannot make (a DTensor's mesh, a device tensor) rule the graph out before any work.
         self._unmeasurable = why_not_measurable(joint)
         self._joint = None if self._unmeasurable else copy_graph_module(joint)  # before any plan touches it
-        self._joint_inputs = joint_inputs
-        self._kwargs = dict(partition_kwargs)
         self.calls: list[tuple[str, int, float]] = []
         self._warned = False
 
     def __call__(self, plan_text: str) -> int:
         from hyper_ac.lower._fx import copy_graph_module
-        from hyper_ac.lower.apply import apply_elided_copies
-        from hyper_ac.lower.backends import stock_partition, write_correctness_pins, write_decisions
 
         started = time.perf_counter()
         plan = json.loads(plan_text)
         if self._unmeasurable:
             return self._cannot(plan, f"not measurable: {self._unmeasurable}", started)
-        gm = copy_graph_module(self._joint)
-        apply_elided_copies(gm, plan)
-        if plan["route"] == "stock":
-            write_correctness_pins(gm, plan)
-        else:
-            write_decisions(gm, plan)
-        forward, backward = stock_partition(gm, self._joint_inputs, **self._kwargs)
+        forward, backward = self._partition(copy_graph_module(self._joint), plan)
         reason = why_not_measurable(forward, backward)
         if reason is not None:
             return self._cannot(plan, f"not measurable: {reason}", started)

@@ -812,3 +812,40 @@ TEST_CASE("peak oracle: budget goes on down the frontier until the measured peak
     warned = warned || (d.severity == Severity::Warning && d.message.find("measured peak") != std::string::npos);
   CHECK(warned);
 }
+
+TEST_CASE("peak oracle: output_recompute is kept only where it measures lower than without it",
+          "[plan][oracle][output_recompute]") {
+  const auto builder = activation_heavy(4);
+  const Graph graph = builder.graph();
+  const char* config = R"({"ac_mode": "full", "ac_regions": {"output_recompute": true}})";
+  const PlanResult simulated = plan(graph, mode_options(config));
+  const PlanResult plain_full = plan(graph, mode_options(R"({"ac_mode": "full"})"));
+  auto uses_output_recompute = [](const std::string& text) {
+    const auto doc = nlohmann::json::parse(text);
+    for (const auto& region : doc.at("regions"))
+      if (region.at("output_recompute").get<bool>()) return true;
+    return false;
+  };
+  for (bool lower_with_it : {true, false}) {
+    CAPTURE(lower_with_it);
+    PlanOptions options = mode_options(config);
+    options.peak_oracle = [&](const std::string& text) -> std::int64_t {
+      if (routed_to_stock(text)) return 1 << 20;
+      return uses_output_recompute(text) == lower_with_it ? 1000 : 2000;
+    };
+    const PlanResult r = plan(graph, options);
+    CHECK(r.route.route == Route::Rewrite);
+    CHECK(r.stats.output_recompute_refused == !lower_with_it);
+    CHECK(r.stats.measured_peak_after == 1000);
+    const bool flagged = std::any_of(r.scope.region_output_recompute.begin(), r.scope.region_output_recompute.end(),
+                                     [](bool on) { return on; });
+    CHECK(flagged == lower_with_it);
+    CHECK(r.remat.duplicates.size() ==
+          (lower_with_it ? simulated.remat.duplicates.size() : plain_full.remat.duplicates.size()));
+    bool said = false;
+    for (const auto& d : r.diagnostics)
+      said = said || d.message.find(lower_with_it ? "output_recompute lowers the measured peak"
+                                                  : "output_recompute refused") != std::string::npos;
+    CHECK(said);
+  }
+}

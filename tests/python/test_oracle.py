@@ -134,3 +134,14 @@ def test_dry_runs_compile_as_the_real_step_does():
     assert measured == {("rewrite", False): (False, stock_size), ("rewrite", True): (False, 1),
                         ("stock", False): (True, stock_size), ("stock", True): (True, stock_size)}, seen
     assert real_compiles == {False: (False, stock_size), True: (False, 1)}, seen
+
+
+def test_output_recompute_measures_no_higher_than_full(stock_peak):
+    """output_recompute exists to lower the peak below full's; where the dry run says it does not,
+    the core refuses it for the graph (with a warning) and plans full without it."""
+    full, _ = _step({"ac_mode": "full"})
+    with_it, plans = _step({"activation_checkpoint": {"mode": "full", "regions": {"output_recompute": True}}})
+    stats = plans[0]["stats"]
+    assert with_it <= full + SLACK_BYTES, (with_it, full, stats)
+    assert with_it < stock_peak
+    assert stats["measured_peak_after"] >= 0 and "output_recompute_refused" in stats

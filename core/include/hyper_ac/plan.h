@@ -118,6 +118,9 @@ struct PlanStats {
   std::int64_t measured_stock_peak = -1;
   std::size_t oracle_calls = 0;
   bool measured_fallback = false;
+  // full / selective with regions.output_recompute: the plan with it measured
+  // no lower than without it, so it was planned without (a warning says so).
+  bool output_recompute_refused = false;
 };
 
 // Wall time per stage. Not part of the plan JSON unless asked for: plans are
