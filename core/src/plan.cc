@@ -701,6 +701,7 @@ void continue_budget_on_measured(const Graph& graph, const detail::NodeIndex& in
 void weigh_output_recompute(const Graph& graph, const detail::NodeIndex& index, const StageOptions& stages,
                             MeasuredPeaks& measured, PlanResult& result, Evaluation& evaluation) {
   const auto& marked = result.scope.region_output_recompute;
+  if (result.scope.unit_graph) return;  // a block's own peak is not the figure that stacks (guard_with_measured)
   if (std::none_of(marked.begin(), marked.end(), [](bool on) { return on; })) return;
   PlanResult plain = result;
   std::fill(plain.scope.region_output_recompute.begin(), plain.scope.region_output_recompute.end(), false);
@@ -729,10 +730,13 @@ void weigh_output_recompute(const Graph& graph, const detail::NodeIndex& index, 
 // No plan measured above stock: with a peak oracle, a plan that rewrites is
 // measured against the stock partition; above it, nothing is rewritten (the
 // stock route) and a warning names both figures. A graph the model tagged
-// itself keeps its tags (stock's partition carries them out alike).
+// itself keeps its tags (stock's partition carries them out alike). Not under
+// unit_graph: a block's own peak is a transient that occurs once, while what
+// stacks up over the model's blocks is the bytes each saves, which fusion
+// does not change and the simulation scores exactly (ScopeRule::UnitGraph).
 void guard_with_measured(const Graph& graph, const detail::NodeIndex& index, const StageOptions& stages,
                          MeasuredPeaks& measured, PlanResult& result, Evaluation& evaluation) {
-  if (evaluation.remat.duplicates.empty() || result.tags.stats.user_tagged > 0) return;
+  if (evaluation.remat.duplicates.empty() || result.tags.stats.user_tagged > 0 || result.scope.unit_graph) return;
   const std::int64_t own = measured.of(evaluation);
   result.stats.measured_peak_after = own;
   if (own < 0) return;

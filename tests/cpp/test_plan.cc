@@ -849,3 +849,24 @@ TEST_CASE("peak oracle: output_recompute is kept only where it measures lower th
     CHECK(said);
   }
 }
+
+TEST_CASE("peak oracle: a block compiled alone (unit_graph) is scored by its saved bytes, never measured",
+          "[plan][oracle][scope]") {
+  const auto b = one_wide_block();
+  const Graph graph = b.graph();
+  for (const char* mode : {R"("ac_mode": "full")", R"("ac_mode": "budget", "ac_memory_budget": 0.5)"}) {
+    CAPTURE(mode);
+    const PlanResult simulated = plan(graph, scoped_options(mode, "unit_graph"));
+    PlanOptions options = scoped_options(mode, "unit_graph");
+    std::size_t calls = 0;
+    options.peak_oracle = [&](const std::string& text) -> std::int64_t {
+      ++calls;
+      return routed_to_stock(text) ? 1 : 1 << 30;  // would fall back, were a block's transient the figure
+    };
+    const PlanResult r = plan(graph, options);
+    CHECK(calls == 0);
+    CHECK(r.route.route == simulated.route.route);
+    CHECK(r.remat.duplicates.size() == simulated.remat.duplicates.size());
+    CHECK_FALSE(r.stats.measured_fallback);
+  }
+}
