@@ -32,6 +32,8 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 import torch.fx as fx
 
+from hyper_ac import fx_meta
+
 __all__ = ["InductorDryRun", "dry_run_peak", "dry_running", "stubbed_kernels"]
 
 _MEASURING: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("hyper_ac_dry_run", default=None)
@@ -93,11 +95,39 @@ def _zeros_like(value: torch.Tensor) -> torch.Tensor:
                                device=value.device).zero_()
 
 
+def _restrided(backward: fx.GraphModule, output_names: list, strides: Optional[list]) -> list:
+    """The backward's example inputs with each saved value laid out as the compiled forward
+    returns it (Inductor may choose other strides than the partition's), as aot_autograd
+    restrides them before compiling the backward."""
+    position = {name: k for k, name in enumerate(output_names) if name is not None}
+    inputs = []
+    for node in _placeholders(backward):
+        value = fx_meta.val(node)
+        k = position.get(node.name)
+        real = strides[k] if strides is not None and k is not None and k < len(strides) else None
+        if isinstance(value, torch.Tensor) and real is not None and tuple(value.stride()) != tuple(real):
+            value = value.as_strided(value.size(), tuple(real))
+        inputs.append(value)
+    return inputs
+
+
+def _as_laid_out(value: Any, expected: Any) -> Any:
+    """A saved value as the backward was compiled to read it; one laid out otherwise (not
+    expected after :func:`_restrided`) is replaced by a fresh buffer of the expected layout (its
+    contents are garbage either way), the forward's freed first: the same bytes."""
+    if not isinstance(value, torch.Tensor) or not isinstance(expected, torch.Tensor):
+        return value
+    if (tuple(value.shape), tuple(value.stride())) == (_concrete(expected.shape), _concrete(expected.stride())):
+        return value
+    del value
+    return _zeros_like(expected)
+
+
 def why_not_measurable(*modules: fx.GraphModule) -> Optional[str]:
     """Why a dry run cannot measure these modules (None: it can)."""
     for gm in modules:
         for node in _placeholders(gm):
-            value = node.meta.get("val")
+            value = fx_meta.val(node)
             if not isinstance(value, torch.Tensor):
                 return f"input {node.name!r} is not a tensor ({type(value).__name__})"
             if value.device.type != "cpu":
@@ -119,23 +149,28 @@ def dry_run_peak(forward: fx.GraphModule, backward: fx.GraphModule,
 
     from hyper_ac import memory
 
-    forward_inputs = [node.meta["val"] for node in _placeholders(forward)]
-    backward_inputs = [node.meta["val"] for node in _placeholders(backward)]
-    with stubbed_kernels(), torch._guards.tracing(None):
-        with torch._inductor.config.patch(patches(False)):
-            run_forward = compile_fx_inner(forward, forward_inputs)
-        with torch._inductor.config.patch(patches(True)):
-            run_backward = compile_fx_inner(backward, backward_inputs, is_backward=True)
+    from torch._guards import TracingContext, detect_fake_mode, tracing
+
+    forward_inputs = [fx_meta.val(node) for node in _placeholders(forward)]
     output_names = [arg.name if isinstance(arg, fx.Node) else None
                     for arg in forward.graph.find_nodes(op="output")[0].args[0]]
+    # A context of its own: Inductor reports the forward's output strides into it, as into
+    # aot_autograd's, and nothing of the real compile's context is touched.
+    with stubbed_kernels(), tracing(TracingContext(detect_fake_mode(forward_inputs))):
+        with torch._inductor.config.patch(patches(False)), TracingContext.report_output_strides() as strides:
+            run_forward = compile_fx_inner(forward, forward_inputs)
+        backward_inputs = _restrided(backward, output_names, strides)
+        with torch._inductor.config.patch(patches(True)):
+            run_backward = compile_fx_inner(backward, backward_inputs, is_backward=True)
     with unset_fake_temporarily():
         args = [_zeros_like(value) for value in forward_inputs]
         with memory.track() as tracked:
             outputs = run_forward(args)  # boxed: takes the list and frees what it no longer needs
             produced = dict(zip(output_names, outputs))
             del outputs
-            backward_args = [produced[node.name] if node.name in produced else _zeros_like(node.meta["val"])
-                             for node in _placeholders(backward)]
+            backward_args = [_as_laid_out(produced.pop(node.name), expected) if node.name in produced
+                             else _zeros_like(expected)
+                             for node, expected in zip(_placeholders(backward), backward_inputs)]
             del produced
             gradients = run_backward(backward_args)
             peak = tracked.peak_bytes

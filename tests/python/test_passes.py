@@ -312,11 +312,14 @@ def test_pareto_frontier_is_monotone():
 
 def test_inductor_compiles_the_rewritten_graphs():
     # Inductor fuses and reorders float math, so equality is to rounding here;
-    # the bitwise checks above run the partitioned graphs as FX code.
+    # the bitwise checks above run the partitioned graphs as FX code. The rewrite itself is under
+    # test: at this size the dry run measures selective's plan above stock's and would hand the
+    # graph to stock (test_oracle.py), so the measured-peak checks are off here.
     model = models.build("transformer")
     batch = models.example_batch("transformer")
     ref_loss, ref_grads = _eager_step(copy.deepcopy(model), batch)
-    loss, grads, results = _compiled_step(copy.deepcopy(model), batch, {"ac_mode": "selective"}, compiler="inductor")
+    loss, grads, results = _compiled_step(copy.deepcopy(model), batch, {"ac_mode": "selective", "ac_peak_oracle": "off"},
+                                          compiler="inductor")
     assert results[0].stats["nodes_duplicated"] > 0
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
     for name in ref_grads:
