@@ -47,6 +47,7 @@ __all__ = [
     "is_available",
     "loss_of",
     "measure_step",
+    "require_countable",
     "run_graph",
     "track",
 ]
@@ -238,6 +239,21 @@ def run_graph(gm: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> tuple[Any,
     return out, t
 
 
+#: The devices whose allocations :class:`track` counts.
+COUNTED_DEVICES = ("cpu",)
+
+
+def require_countable(device: Any, caller: str) -> None:
+    """Raise ``ValueError`` unless :class:`track` counts ``device``'s allocations (the CPU's only)."""
+    device = torch.device(device)
+    if device.type not in COUNTED_DEVICES:
+        raise ValueError(
+            f"hyper_ac.memory.{caller}: the step runs on device {str(device)!r}, whose allocations hyper_ac's counting "
+            f"allocator does not see (it counts {', '.join(COUNTED_DEVICES)} memory only), so its peak would read "
+            "about zero; measure the step on the CPU, or read that device's own allocator statistics "
+            "(for CUDA, torch.cuda.max_memory_allocated)")
+
+
 def loss_of(out: Any) -> torch.Tensor:
     """The loss of a model's output: the tensor itself, or its ``loss`` attribute / key (HF outputs)."""
     if isinstance(out, torch.Tensor):
@@ -270,10 +286,15 @@ def measure_step(forward: Callable[[], Any]) -> StepMemory:
     does, and as the joint graph's simulation assumes). What existed before the
     step (parameters, the batch, gradients already allocated) is not counted:
     clear ``.grad`` first to count the gradients the step allocates.
+
+    The counting allocator is the CPU's: a step whose loss lives on another
+    device (CUDA, the meta device) would measure about zero, so it raises
+    ``ValueError`` naming the device instead.
     """
     with track() as t:
         out = forward()
         loss = loss_of(out)
+        require_countable(loss.device, "measure_step")
         forward_bytes = t.current_bytes
         loss.backward()
         del out

@@ -313,3 +313,19 @@ def test_extension_links_c10_only():
     assert b"libc10.so" in data
     for lib in (b"libtorch_cpu.so", b"libtorch_python.so", b"libtorch.so"):
         assert lib not in data
+
+
+def test_measuring_a_step_on_a_device_it_cannot_count_names_the_device():
+    """A step on the meta device (or CUDA) allocates nothing the CPU allocator sees: an error naming
+    the device, never a silent zero; the CPU step beside it measures."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    x = torch.randn(4, 8)
+    cpu = memory.measure_step(lambda: model(x).sum())
+    assert cpu.peak_bytes > 0
+    meta_model = torch.nn.Sequential(torch.nn.Linear(8, 16, device="meta"), torch.nn.ReLU(),
+                                     torch.nn.Linear(16, 1, device="meta"))
+    with pytest.raises(ValueError, match=r"measure_step: the step runs on device 'meta'.*counts cpu memory only"):
+        memory.measure_step(lambda: meta_model(torch.randn(4, 8, device="meta")).sum())
+    with pytest.raises(ValueError, match=r"device 'cuda:0'"):
+        memory.require_countable("cuda:0", "measure_step")
+    memory.require_countable(torch.device("cpu"), "measure_step")  # counted: no error
