@@ -188,6 +188,18 @@ def _read_text(path: str, what: str) -> str:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    if args.hf_config is not None:
+        if args.graph is not None and args.config is not None:
+            raise UsageError("with --hf-config give at most one positional argument, the base config "
+                             f"(got {args.graph!r} and {args.config!r})")
+        return _plan_from_config(args, args.graph if args.config is None else args.config)
+    if args.graph is None or args.config is None:
+        raise UsageError("plan needs a graph file and a config (plan GRAPH CONFIG), or --hf-config CONFIG.json "
+                         "to plan a model from its HuggingFace config")
+    for flag in ("seq", "batch", "dtype", "hardware", "compiler", "device_memory", "reserve"):
+        if getattr(args, flag) is not None:
+            raise UsageError(f"--{flag.replace('_', '-')} goes with --hf-config (a graph file has its shapes and "
+                             "the config its hardware)")
     import hyper_ac
     from hyper_ac import _core
     from hyper_ac.planning.config import load_config, op_policy_json
@@ -197,6 +209,63 @@ def _plan(args: argparse.Namespace) -> int:
         print(_core.print_plan(graph_json, load_config(args.config).json_for(None), op_policy_json()), end="")
     else:
         print(json.dumps(hyper_ac.plan(graph_json, args.config, detail=args.detail).plan, indent=1))
+    return 0
+
+
+def _plan_from_config(args: argparse.Namespace, base_config: str | None) -> int:
+    if args.print or args.detail:
+        raise UsageError("--print and --detail show one graph's plan; with --hf-config the output is the per-mode table")
+    if args.seq is None:
+        raise UsageError("--hf-config needs --seq, the sequence length to plan for")
+    for flag, value, least in (("--seq", args.seq, 2), ("--batch", args.batch or 1, 1)):
+        if value < least:
+            raise UsageError(f"{flag} must be at least {least}, got {value}")
+    from hyper_ac import _core
+    from hyper_ac.lower.whatif import plan_from_config
+
+    t0 = time.perf_counter()
+    report = plan_from_config(args.hf_config, seq=args.seq, batch=args.batch or 1, dtype=args.dtype or "bf16",
+                              config=base_config, hardware=args.hardware, compiler=args.compiler,
+                              device_memory=args.device_memory, reserve=args.reserve or 0)
+    size = _core.format_bytes
+    shape = ", ".join(part for part in (
+        f"{report.layers} layers" if report.layers else "", f"hidden {report.hidden}" if report.hidden else "") if part)
+    print(f"{report.model_type} ({shape}), batch {report.batch} x seq {report.seq}, {report.dtype}: "
+          f"{report.nodes} nodes captured on fake tensors in {report.capture_seconds:.1f} s, "
+          f"planned in {report.plan_seconds:.1f} s")
+    print(f"parameters {size(report.parameter_bytes)}, gradients as much; hardware {json.dumps(report.hardware)}, "
+          f"compiler {report.compiler}")
+    limit = report.device_memory_bytes
+    print()
+    print(f"{'mode':<10} {'simulated peak':>15} {'saved for backward':>19} {'recompute time':>15} {'replayed nodes':>15}"
+          + (f" {'fits':>5}" if limit is not None else ""))
+    for row in report.rows:
+        name = row.mode if row.budget_met is None else f"budget"
+        fits = "" if limit is None else f" {'yes' if row.simulated_peak_bytes <= limit - report.reserve_bytes else 'no':>5}"
+        print(f"{name:<10} {size(row.simulated_peak_bytes):>15} {size(row.saved_bytes):>19} "
+              f"{row.recompute_seconds * 1e3:>12.1f} ms {row.nodes_duplicated:>15}{fits}")
+    print("\nsimulated peak: the step's parameters, gradients, batch and activations as the core schedules them; "
+          "not the optimizer's state, the allocator's slack, nor what the compiler fuses (docs/fake-planning.md)")
+    if limit is not None:
+        room = limit - report.reserve_bytes
+        reserve = f" less the {size(report.reserve_bytes)} reserve" if report.reserve_bytes else ""
+        if report.fits:
+            section = {k: v for k, v in report.fit.section.items() if k in ("mode", "memory_budget", "hardware", "compiler")}
+            print(f"\nfits {size(limit)}{reserve} ({size(room)}) with the least recompute "
+                  f"({report.fit.recompute_seconds * 1e3:.1f} ms, peak {size(report.fit.simulated_peak_bytes)}):")
+            print("activation_checkpoint:")
+            for key, value in section.items():
+                if key == "hardware" and isinstance(value, dict) and value.get("name") in ("cpu", "a100", "h100", "h200"):
+                    value = value["name"]  # the profile by its name
+                if key == "memory_budget":
+                    print(f"  {key}: {int(value)}  # {size(int(value))}")
+                else:
+                    print(f"  {key}: {json.dumps(value) if not isinstance(value, str) else value}")
+        else:
+            least = min(report.rows, key=lambda r: r.simulated_peak_bytes)
+            print(f"\nnothing fits {size(limit)}{reserve}: the least simulated peak is {least.mode}'s "
+                  f"{size(least.simulated_peak_bytes)}; shorten the sequence, shard the model or add memory")
+    print(f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
     return 0
 
 
@@ -243,13 +312,28 @@ def main(argv: list[str] | None = None) -> int:
                          help="time each op on this machine into measured_seconds, for configs with "
                               "hardware: measured (docs/config.md; cached on disk)")
     capture.set_defaults(func=_capture)
-    plan = sub.add_parser("plan", help="plan a serialised graph JSON with a config")
-    plan.add_argument("graph")
-    plan.add_argument("config")
+    plan = sub.add_parser(
+        "plan", help="plan a serialised graph JSON with a config, or a model from its HuggingFace config (--hf-config)")
+    plan.add_argument("graph", nargs="?", help="the graph JSON (python -m hyper_ac capture)")
+    plan.add_argument("config", nargs="?", help="a preset name or YAML config (with --hf-config: the base config)")
     plan.add_argument("--print", action="store_true", help="print the annotated graph instead of the plan JSON")
     plan.add_argument("--detail", action="store_true",
                       help="the plan's full form (every tagged node's policy, region id and reason by name) "
                            "instead of the compact one (docs/graph-format.md)")
+    what_if = plan.add_argument_group(
+        "planning from a model's config", "capture the step on fake tensors (no weights, no memory) and print every "
+        "mode's simulated peak and recompute time (docs/fake-planning.md)")
+    what_if.add_argument("--hf-config", metavar="CONFIG.json", help="a HuggingFace config.json (or its directory)")
+    what_if.add_argument("--seq", type=int, help="sequence length")
+    what_if.add_argument("--batch", type=int, help="batch size (default 1)")
+    what_if.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), help="parameter dtype (default bf16)")
+    what_if.add_argument("--hardware", help="roofline profile of the recompute time: cpu, a100, h100, h200 "
+                                            "(default: the config's)")
+    what_if.add_argument("--compiler", choices=("eager", "inductor"), help="compiler the step will run under "
+                                                                          "(default: the config's)")
+    what_if.add_argument("--device-memory", help="the device's memory, e.g. 80GiB: adds the budget plan that fits it")
+    what_if.add_argument("--reserve", help="bytes of that memory kept for what the step does not hold "
+                                           "(optimizer state, allocator slack), e.g. 16GiB")
     plan.set_defaults(func=_plan)
     config = sub.add_parser("config", help="validate a YAML config and print its canonical JSON")
     config.add_argument("config")

@@ -156,6 +156,7 @@ def capture_joint(
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     route: str = "compile",
     decompositions: Any = None,
+    keep_outputs: bool = False,
     **example_kwargs: Any,
 ) -> CapturedGraph:
     """Capture ``model(*example_args, **example_kwargs)`` → loss → backward as one joint graph.
@@ -171,15 +172,18 @@ def capture_joint(
     and the RNG state afterwards. ``decompositions`` (compile route): an
     AOTAutograd decomposition table, e.g. Inductor's
     ``torch._inductor.decomposition.select_decomp_table()``, to capture the
-    joint graph Inductor's partitioner sees.
+    joint graph Inductor's partitioner sees. ``keep_outputs`` (compile route):
+    the step also returns the model's other tensor outputs (an HF model's
+    logits, ...) after the loss, as ``torch.compile(model)`` does; a loop that
+    keeps them through the backward holds them at the step's peak.
     """
     model = _unwrap(model)
     # The model adapter's on_applied hook changes the model: it runs before the trace, so the graph has its effect.
     apply_adapter_hook(model)
     if route == "compile":
-        return _capture_compile(model, example_args, example_kwargs, loss_fn, decompositions)
-    if decompositions is not None:
-        raise ValueError("capture_joint: decompositions are supported on the 'compile' route only")
+        return _capture_compile(model, example_args, example_kwargs, loss_fn, decompositions, keep_outputs)
+    if decompositions is not None or keep_outputs:
+        raise ValueError("capture_joint: decompositions and keep_outputs are supported on the 'compile' route only")
     if route == "export":
         return _capture_export(model, example_args, example_kwargs, loss_fn)
     raise ValueError(f"unknown capture route {route!r}; use 'compile' or 'export'")
@@ -200,8 +204,21 @@ def _dynamo_errors() -> tuple[type[BaseException], ...]:
     return (dexc.Unsupported, dexc.UserError)
 
 
+def _other_outputs(out: Any) -> list[torch.Tensor]:
+    """The tensors of a model's output besides its loss, in order (an HF output's fields, a tuple's items)."""
+    if isinstance(out, torch.Tensor):
+        return []
+    if isinstance(out, dict):  # HF ModelOutput is an OrderedDict of its non-None fields
+        items = [v for k, v in out.items() if k != "loss"]
+    elif isinstance(out, (tuple, list)):
+        items = list(out[1:])
+    else:
+        items = []
+    return [v for v in items if isinstance(v, torch.Tensor)]
+
+
 def _capture_compile(model: nn.Module, args: tuple, kwargs: dict, loss_fn: Callable | None,
-                     decompositions: Any = None) -> CapturedGraph:
+                     decompositions: Any = None, keep_outputs: bool = False) -> CapturedGraph:
     import torch._dynamo
     import torch._functorch.config as functorch_config
     from torch._dynamo.backends.common import aot_autograd
@@ -227,8 +244,10 @@ def _capture_compile(model: nn.Module, args: tuple, kwargs: dict, loss_fn: Calla
         rec["example_inputs"] = list(example_inputs)
         return aot_backend(gm, example_inputs)
 
-    def step(m: nn.Module, a: tuple, k: dict) -> torch.Tensor:
-        return reduce_to_loss(m(*a, **k), loss_fn)
+    def step(m: nn.Module, a: tuple, k: dict) -> Any:
+        out = m(*a, **k)
+        loss = reduce_to_loss(out, loss_fn)
+        return (loss, *_other_outputs(out)) if keep_outputs else loss
 
     t0 = time.perf_counter()
     torch._dynamo.reset()
@@ -241,6 +260,8 @@ def _capture_compile(model: nn.Module, args: tuple, kwargs: dict, loss_fn: Calla
             compiled = torch.compile(step, backend=backend, fullgraph=True)
             try:
                 loss = compiled(model, args, kwargs)
+                if keep_outputs:
+                    loss = loss[0]
             except _dynamo_errors() as exc:
                 raise _graph_break_error(model, exc) from exc
             except torch._dynamo.exc.BackendCompilerFailed as exc:

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Optional
 
 import torch
 
-from hyper_ac.planning.config import Config, ConfigError, load_config
+from hyper_ac.planning.config import Config, ConfigError, byte_size, load_config
 
 __all__ = ["FitResult", "FitStep", "fit"]
 
@@ -66,19 +66,11 @@ class FitResult:
 
 
 def _target_bytes(target: Any) -> int:
-    """The target in bytes, read by the core's own size parser (``"6GiB"``, ``"512MB"``, ``1.5e9``)."""
+    """The target in bytes (``"6GiB"``, ``"512MB"``, ``1.5e9``; never a fraction: the measured peak is fitted in bytes)."""
     if isinstance(target, bool) or not isinstance(target, (int, float, str)):
         raise TypeError(f"hyper_ac.fit: target must be a byte count or a size string such as \"6GiB\", "
                         f"got {type(target).__name__}")
-    try:
-        parsed = load_config({"ac_mode": "budget", "ac_memory_budget": target})
-    except ConfigError as error:
-        raise ConfigError(f"hyper_ac.fit: target {target!r}: {error}") from None
-    value = parsed.data["activation_checkpoint"]["memory_budget"]
-    if value <= 1:  # budget mode reads these as a fraction of the activations; a measured peak is bytes
-        raise ConfigError(f"hyper_ac.fit: target {target!r} is not a byte size: the measured peak is fitted "
-                          "in bytes (\"6GiB\", 5e8), not as a fraction")
-    return int(value)
+    return byte_size(target, "hyper_ac.fit: target")
 
 
 def _with(base: Config, **section: Any) -> Config:

@@ -302,3 +302,25 @@ def op_policy_json(path: Union[str, os.PathLike, None] = None) -> str:
             raise ConfigError(f"{path}: {error}") from None
         _OP_POLICY_CACHE[key] = text
     return _OP_POLICY_CACHE[key]
+
+
+def byte_size(value: Any, what: str, *, allow_zero: bool = False) -> int:
+    """``value`` in bytes, read by the core's own size parser (``"6GiB"``, ``"512MB"``, ``1.5e9``).
+
+    Raises ``ConfigError`` naming ``what`` for anything else, and for a
+    figure of 1 or less, which ``memory_budget`` would read as a fraction
+    (0 passes when ``allow_zero``).
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ConfigError(f"{what}: expected a byte count or a size string such as \"6GiB\", "
+                          f"got {type(value).__name__}")
+    if allow_zero and value in (0, "0"):
+        return 0
+    try:
+        parsed = load_config({"ac_mode": "budget", "ac_memory_budget": value})
+    except ConfigError as error:
+        raise ConfigError(f"{what} {value!r}: {error}") from None
+    size = parsed.data["activation_checkpoint"]["memory_budget"]
+    if size <= 1:
+        raise ConfigError(f"{what} {value!r} is not a byte size: give bytes (\"6GiB\", 5e8), not a fraction")
+    return int(size)
