@@ -1,4 +1,4 @@
-"""Exact CPU tensor-memory measurement through c10's allocator.
+"""Exact tensor-memory measurement: the CPU through c10's allocator, CUDA through its caching allocator.
 
 ``hyper_ac._memory`` (C++, links only LibTorch's c10) installs a counting
 wrapper around torch's CPU allocator.  While a :class:`track` block is open it
@@ -22,12 +22,19 @@ Typical use::
     for rec in t.timeline:
         print(rec.name, rec.current_bytes, rec.peak_bytes)
 
+On a CUDA device (``track("cuda")``) the figures come from the caching
+allocator's own statistics instead (``torch.cuda.memory_allocated`` /
+``max_memory_allocated``, bytes handed to tensors, not the segments it holds;
+``reserved_peak_bytes`` reports those beside them). Any other device raises
+``ValueError`` naming it: it has no counter, and its peak would read zero.
+
 See docs/memory.md for how it works and what it does not see.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+import contextlib
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch  # loads libc10 before the extension needs it
 import torch.fx
@@ -84,11 +91,109 @@ class NodeMemory(NamedTuple):
     node_peak_bytes: int
 
 
+class _CpuCounter:
+    """The counting allocator's scopes (``hyper_ac._memory``): exact, per block, process-wide."""
+
+    device = torch.device("cpu")
+
+    def push(self) -> Any:
+        return _require().push_scope()
+
+    def pop(self, handle: Any) -> tuple[int, int]:
+        return _C.pop_scope(handle)
+
+    def stats(self, handle: Any) -> tuple[int, int]:
+        return _C.scope_stats(handle)
+
+    def reset_peak(self, handle: Any) -> None:
+        _C.reset_peak(handle)
+
+    def reserved_peak(self, handle: Any) -> Optional[int]:
+        return None
+
+
+class _CudaScope:
+    __slots__ = ("base", "peak", "closed")
+
+    def __init__(self, base: int) -> None:
+        self.base, self.peak, self.closed = base, base, False
+
+
+class _CudaCounter:
+    """A CUDA device's caching-allocator statistics as nested scopes.
+
+    The device keeps one peak; a scope opened inside another resets it, so the
+    open scopes fold the device's peak into their own first (their figures stay
+    whole). Figures are differences of the device's totals: memory freed in a
+    block that was allocated before it lowers ``current_bytes`` (which can go
+    below zero, unlike the CPU's), and every stream and thread on the device counts.
+    """
+
+    _open: dict = {}  # device index -> the open scopes, outermost first
+
+    def __init__(self, device: torch.device) -> None:
+        if not torch.cuda.is_available():
+            raise ValueError(f"hyper_ac.memory: device {str(device)!r} was asked for, but CUDA is not available here")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        self.device = torch.device("cuda", index)
+
+    def _fold(self) -> None:
+        peak = torch.cuda.max_memory_allocated(self.device)
+        for scope in self._open.get(self.device.index, []):
+            scope.peak = max(scope.peak, peak)
+
+    def push(self) -> _CudaScope:
+        torch.cuda.synchronize(self.device)
+        self._fold()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        scope = _CudaScope(torch.cuda.memory_allocated(self.device))
+        self._open.setdefault(self.device.index, []).append(scope)
+        return scope
+
+    def stats(self, scope: _CudaScope) -> tuple[int, int]:
+        if not scope.closed:
+            torch.cuda.synchronize(self.device)
+            scope.peak = max(scope.peak, torch.cuda.max_memory_allocated(self.device))
+        return torch.cuda.memory_allocated(self.device) - scope.base, scope.peak - scope.base
+
+    def pop(self, scope: _CudaScope) -> tuple[int, int]:
+        figures = self.stats(scope)
+        scope.closed = True
+        scopes = self._open.get(self.device.index, [])
+        if scope in scopes:
+            scopes.remove(scope)
+        return figures
+
+    def reset_peak(self, scope: _CudaScope) -> None:
+        torch.cuda.synchronize(self.device)
+        self._fold()  # the other open scopes keep their peaks
+        torch.cuda.reset_peak_memory_stats(self.device)
+        scope.peak = torch.cuda.memory_allocated(self.device)
+
+    def reserved_peak(self, scope: _CudaScope) -> Optional[int]:
+        return torch.cuda.max_memory_reserved(self.device)
+
+
+#: The device types whose allocations :class:`track` counts.
+COUNTED_DEVICES = ("cpu", "cuda")
+
+
+def _counter(device: Any) -> Any:
+    device = torch.device(device)
+    if device.type == "cpu":
+        return _CpuCounter()
+    if device.type == "cuda":
+        return _CudaCounter(device)
+    raise ValueError(
+        f"hyper_ac.memory: device {str(device)!r} has no allocator hyper_ac can count (it counts "
+        f"{', '.join(COUNTED_DEVICES)} memory), so its peak would read zero; measure the step on the CPU or a CUDA device")
+
+
 class track:
-    """Context manager measuring tensor memory allocated inside the block.
+    """Context manager measuring tensor memory allocated inside the block, on ``device`` (default the CPU).
 
     ``current_bytes``: bytes allocated inside the block through torch's CPU
-    allocator and not yet freed.  ``peak_bytes``: the maximum of that figure
+    allocator and not yet freed (on CUDA: the change of the device's allocated bytes).  ``peak_bytes``: the maximum of that figure
     during the block.  Both are live while the block is open and frozen when
     it closes.  Blocks nest (each sees its own figures; an inner block does not
     disturb the outer one) and an object can be entered again, which starts
@@ -96,26 +201,32 @@ class track:
     from every thread count.
     """
 
-    def __init__(self) -> None:
-        self._scope: int | None = None
+    def __init__(self, device: Any = "cpu") -> None:
+        self._counter = _counter(device)
+        self._scope: Any = None
         self._current = 0
         self._peak = 0
+        self._reserved: Optional[int] = None
         self.timeline: list[NodeMemory] = []
 
+    @property
+    def device(self) -> torch.device:
+        return self._counter.device
+
     def __enter__(self) -> track:
-        mod = _require()
         if self._scope is not None:
             raise RuntimeError("this track() block is already open")
         self._current = 0
         self._peak = 0
         self.timeline = []
-        self._scope = mod.push_scope()
+        self._scope = self._counter.push()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         scope, self._scope = self._scope, None
         if scope is not None:
-            self._current, self._peak = _C.pop_scope(scope)
+            self._reserved = self._counter.reserved_peak(scope)
+            self._current, self._peak = self._counter.pop(scope)
 
     @property
     def active(self) -> bool:
@@ -124,7 +235,7 @@ class track:
     def _stats(self) -> tuple[int, int]:
         if self._scope is None:
             return self._current, self._peak
-        return _C.scope_stats(self._scope)
+        return self._counter.stats(self._scope)
 
     @property
     def current_bytes(self) -> int:
@@ -134,11 +245,19 @@ class track:
     def peak_bytes(self) -> int:
         return self._stats()[1]
 
+    @property
+    def reserved_peak_bytes(self) -> Optional[int]:
+        """CUDA: the caching allocator's peak reserved bytes (segments, cached blocks included) since the
+        block opened or its peak was last reset; None on the CPU, whose counter sees tensors only."""
+        if self._scope is None:
+            return self._reserved
+        return self._counter.reserved_peak(self._scope)
+
     def reset_peak(self) -> None:
         """Lower the peak to the current figure (block must be open)."""
         if self._scope is None:
             raise RuntimeError("reset_peak() needs an open track() block")
-        _C.reset_peak(self._scope)
+        self._counter.reset_peak(self._scope)
 
     def run_graph(self, gm: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
         """Run ``gm`` node by node, appending a :class:`NodeMemory` per node
@@ -183,7 +302,6 @@ class TrackingInterpreter(torch.fx.Interpreter):
         garbage_collect_values: bool = True,
         graph: torch.fx.Graph | None = None,
     ) -> None:
-        _require()
         super().__init__(module, garbage_collect_values=garbage_collect_values, graph=graph)
         self.tracker = tracker if tracker is not None else track()
         self.timeline: list[NodeMemory] = []
@@ -205,11 +323,12 @@ class TrackingInterpreter(torch.fx.Interpreter):
         # dropped the values that node used last.
         self._flush()
         before = self.tracker.current_bytes
-        scope = _C.push_scope()
+        counter = self.tracker._counter
+        scope = counter.push()
         try:
             result = super().run_node(n)
         finally:
-            _, node_peak = _C.pop_scope(scope)
+            _, node_peak = counter.pop(scope)
         self._pending = (n, before + node_peak)
         return result
 
@@ -232,26 +351,23 @@ class TrackingInterpreter(torch.fx.Interpreter):
             self.tracker.timeline.append(rec)
 
 
-def run_graph(gm: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> tuple[Any, track]:
-    """Run ``gm`` under a fresh :class:`track` block; returns (outputs, tracker)."""
-    t = track()
+def run_graph(gm: torch.fx.GraphModule, *args: Any, device: Any = "cpu", **kwargs: Any) -> tuple[Any, track]:
+    """Run ``gm`` under a fresh :class:`track` block on ``device``; returns (outputs, tracker)."""
+    t = track(device)
     out = t.run_graph(gm, *args, **kwargs)
     return out, t
 
 
-#: The devices whose allocations :class:`track` counts.
-COUNTED_DEVICES = ("cpu",)
-
-
 def require_countable(device: Any, caller: str) -> None:
-    """Raise ``ValueError`` unless :class:`track` counts ``device``'s allocations (the CPU's only)."""
+    """Raise ``ValueError`` unless :class:`track` counts ``device``'s allocations (the CPU's; CUDA's where available)."""
     device = torch.device(device)
-    if device.type not in COUNTED_DEVICES:
+    if device.type == "cuda" and torch.cuda.is_available():
+        return
+    if device.type not in ("cpu",):
         raise ValueError(
-            f"hyper_ac.memory.{caller}: the step runs on device {str(device)!r}, whose allocations hyper_ac's counting "
-            f"allocator does not see (it counts {', '.join(COUNTED_DEVICES)} memory only), so its peak would read "
-            "about zero; measure the step on the CPU, or read that device's own allocator statistics "
-            "(for CUDA, torch.cuda.max_memory_allocated)")
+            f"hyper_ac.memory.{caller}: the step runs on device {str(device)!r}, whose allocations hyper_ac cannot "
+            f"count (it counts the CPU's and, where CUDA is available, CUDA's), so its peak would read "
+            "about zero; measure the step on the CPU or a CUDA device")
 
 
 def loss_of(out: Any) -> torch.Tensor:
@@ -271,15 +387,19 @@ class StepMemory(NamedTuple):
 
     ``peak_bytes``: the step's peak. ``forward_bytes``: live when the forward
     returned (what it keeps for the backward, its outputs included).
-    ``loss``: the step's loss, detached.
+    ``loss``: the step's loss, detached. ``device``: where it was counted.
+    ``reserved_peak_bytes``: on CUDA, the caching allocator's peak reserved
+    bytes over the step (what ``nvidia-smi`` sees grows with it); None on the CPU.
     """
 
     peak_bytes: int
     forward_bytes: int
     loss: torch.Tensor
+    device: str = "cpu"
+    reserved_peak_bytes: Optional[int] = None
 
 
-def measure_step(forward: Callable[[], Any]) -> StepMemory:
+def measure_step(forward: Callable[[], Any], device: Any = None) -> StepMemory:
     """Run one training step, ``out = forward()`` then ``loss_of(out).backward()``, under :class:`track`.
 
     The output stays alive through the backward (as a loop that keeps ``outputs``
@@ -287,15 +407,32 @@ def measure_step(forward: Callable[[], Any]) -> StepMemory:
     step (parameters, the batch, gradients already allocated) is not counted:
     clear ``.grad`` first to count the gradients the step allocates.
 
-    The counting allocator is the CPU's: a step whose loss lives on another
-    device (CUDA, the meta device) would measure about zero, so it raises
-    ``ValueError`` naming the device instead.
+    ``device``: where to count; by default the device of the step's loss (the
+    CPU, and where CUDA is initialised the current CUDA device, are counted
+    from the start of the step, the loss's kept). A loss on a device neither
+    counts (the meta device, a CUDA device other than the current one) raises
+    ``ValueError`` naming the device.
     """
-    with track() as t:
+    if device is not None:
+        trackers = {torch.device(device): track(device)}
+    else:
+        trackers = {torch.device("cpu"): track("cpu")}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            current = torch.device("cuda", torch.cuda.current_device())
+            trackers[current] = track(current)
+    with contextlib.ExitStack() as stack:
+        for tracker in trackers.values():
+            stack.enter_context(tracker)
         out = forward()
         loss = loss_of(out)
-        require_countable(loss.device, "measure_step")
-        forward_bytes = t.current_bytes
+        where = loss.device if loss.device.type != "cuda" or loss.device.index is not None else torch.device(
+            "cuda", torch.cuda.current_device())
+        require_countable(where, "measure_step")
+        chosen = trackers.get(torch.device(device) if device is not None else where)
+        if chosen is None:
+            raise ValueError(f"hyper_ac.memory.measure_step: the loss is on {str(where)!r}, but the step was counted "
+                             f"on {', '.join(str(d) for d in trackers)}; pass device={str(where)!r} or make it current")
+        forward_bytes = chosen.current_bytes
         loss.backward()
         del out
-    return StepMemory(t.peak_bytes, forward_bytes, loss.detach())
+    return StepMemory(chosen.peak_bytes, forward_bytes, loss.detach(), str(chosen.device), chosen.reserved_peak_bytes)

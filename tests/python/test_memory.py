@@ -324,8 +324,90 @@ def test_measuring_a_step_on_a_device_it_cannot_count_names_the_device():
     assert cpu.peak_bytes > 0
     meta_model = torch.nn.Sequential(torch.nn.Linear(8, 16, device="meta"), torch.nn.ReLU(),
                                      torch.nn.Linear(16, 1, device="meta"))
-    with pytest.raises(ValueError, match=r"measure_step: the step runs on device 'meta'.*counts cpu memory only"):
+    with pytest.raises(ValueError, match=r"measure_step: the step runs on device 'meta'.*cannot count"):
         memory.measure_step(lambda: meta_model(torch.randn(4, 8, device="meta")).sum())
-    with pytest.raises(ValueError, match=r"device 'cuda:0'"):
-        memory.require_countable("cuda:0", "measure_step")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"device 'cuda:0'"):
+            memory.require_countable("cuda:0", "measure_step")
     memory.require_countable(torch.device("cpu"), "measure_step")  # counted: no error
+    with pytest.raises(ValueError, match=r"device 'meta' has no allocator hyper_ac can count"):
+        memory.track("meta")
+
+
+class _CudaAllocatorStats:
+    """torch.cuda's allocator statistics for one device, driven by hand (a caching allocator that frees nothing to the driver)."""
+
+    def __init__(self, allocated: int = 0) -> None:
+        self.allocated = self.peak = self.reserved = self.reserved_peak = allocated
+
+    def alloc(self, n: int) -> None:
+        self.allocated += n
+        self.peak = max(self.peak, self.allocated)
+        self.reserved = max(self.reserved, self.allocated)
+        self.reserved_peak = max(self.reserved_peak, self.reserved)
+
+    def free(self, n: int) -> None:
+        self.allocated -= n
+
+    def reset_peak(self, device=None) -> None:
+        self.peak, self.reserved_peak = self.allocated, self.reserved
+
+
+@pytest.fixture
+def cuda_stats(monkeypatch):
+    """CUDA's statistics API on a CPU machine: tests the CUDA counter's arithmetic (scopes, nesting, resets)."""
+    stats = _CudaAllocatorStats(allocated=1000)
+    for name, fn in {"is_available": lambda: True, "is_initialized": lambda: True, "current_device": lambda: 0,
+                     "synchronize": lambda device=None: None,
+                     "memory_allocated": lambda device=None: stats.allocated,
+                     "max_memory_allocated": lambda device=None: stats.peak,
+                     "max_memory_reserved": lambda device=None: stats.reserved_peak,
+                     "reset_peak_memory_stats": stats.reset_peak}.items():
+        monkeypatch.setattr(torch.cuda, name, fn)
+    return stats
+
+
+def test_cuda_track_nests_on_the_devices_one_peak(cuda_stats):
+    with memory.track("cuda") as outer:
+        assert outer.device == torch.device("cuda", 0)
+        cuda_stats.alloc(50)
+        with memory.track("cuda:0") as inner:  # resets the device's peak: the outer block keeps its own
+            cuda_stats.free(50)
+            cuda_stats.alloc(30)
+            assert (inner.current_bytes, inner.peak_bytes) == (-20, 0)
+        assert (inner.current_bytes, inner.peak_bytes) == (-20, 0)  # frozen when closed
+        assert outer.peak_bytes == 50
+        cuda_stats.alloc(100)
+        assert (outer.current_bytes, outer.peak_bytes) == (130, 130)
+        outer.reset_peak()
+        cuda_stats.free(100)
+        assert outer.peak_bytes == 130  # the reset lowered the peak to the figure then
+    assert (outer.current_bytes, outer.peak_bytes) == (30, 130)
+    assert outer.reserved_peak_bytes == 1130  # the allocator's segments (absolute): the largest since the reset
+    with memory.track() as cpu:
+        pass
+    assert cpu.reserved_peak_bytes is None
+
+
+def test_measure_step_counts_a_cuda_loss_on_its_device(cuda_stats):
+    class Loss:  # a loss on CUDA whose backward allocates 400 B of gradients and 200 B it frees
+        device = torch.device("cuda", 0)
+
+        def backward(self):
+            cuda_stats.alloc(600)
+            cuda_stats.free(200)
+
+        def detach(self):
+            return self
+
+    class Output:
+        def __init__(self):
+            cuda_stats.alloc(300)  # what the forward keeps
+            self.loss = Loss()
+
+    step = memory.measure_step(Output)
+    assert (step.peak_bytes, step.forward_bytes, step.device) == (900, 300, "cuda:0")
+    assert step.reserved_peak_bytes == 1900
+    Loss.device = torch.device("cuda", 1)  # not the current device, which is the one counted by default
+    with pytest.raises(ValueError, match=r"loss is on 'cuda:1'.*counted on cpu, cuda:0; pass device='cuda:1'"):
+        memory.measure_step(Output)
