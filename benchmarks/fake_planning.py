@@ -129,8 +129,9 @@ def eight_b() -> dict:
 
 
 def _report(meta: dict, rows: list[dict], big: dict | None) -> str:
-    lines = [f"# Planning from a config on fake tensors (`python -m benchmarks.fake_planning`)", "",
-             f"Generated at commit `{meta['commit']}` ({meta['load']}); `{meta['command']}`.", "",
+    from benchmarks.report import provenance_header
+
+    lines = ["# Planning from a config on fake tensors", "", *provenance_header(meta), "",
              "Predicted: the core's simulated step peak of the graph captured on fake tensors. Measured: the real "
              "step on this CPU (counting allocator): `off` uncompiled eager, the rest `hyper_ac.backend(mode, "
              "compiler=\"eager\")`. MemTracker: PyTorch's estimate of the eager, uncheckpointed step, the one "
@@ -158,7 +159,7 @@ def _report(meta: dict, rows: list[dict], big: dict | None) -> str:
 def regenerate(out: Path) -> str:
     """results.md again from results.json (the report's form changed, the figures did not)."""
     doc = json.loads((out / "results.json").read_text())
-    text = _report(doc["meta"], doc["rows"], doc["8b"])
+    text = _report(json.loads((out / "meta.json").read_text()), doc["rows"], doc["8b"])
     (out / "results.md").write_text(text)
     return text
 
@@ -173,8 +174,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    meta = {"commit": code_commit(), "load": machine_load(),
-            "command": "python -m benchmarks.fake_planning " + " ".join(argv if argv is not None else sys.argv[1:])}
+    from benchmarks.cli import base_meta
+
+    argv = list(argv if argv is not None else sys.argv[1:])
+    meta = {**base_meta(argv, code_commit(), machine_load()),
+            "command": "python -m benchmarks.fake_planning " + " ".join(argv)}
     rows: list[dict] = []
     for name in args.models:
         rows += predict(name, BENCH)
@@ -183,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     big = None if args.no_8b else eight_b()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows, "8b": big}, indent=1) + "\n")
+    (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    (out / "results.json").write_text(json.dumps({"rows": rows, "8b": big}, indent=1) + "\n")
     (out / "results.md").write_text(_report(meta, rows, big))
     print(_report(meta, rows, big))
     return 0

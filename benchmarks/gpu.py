@@ -97,8 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     model = models.build("llama", args.layers, hidden=args.hidden, heads=8, max_seq=args.seq,
                          attn_implementation="sdpa").to("cuda")
     batch = {k: v.to("cuda") for k, v in models.example_batch("llama", batch=args.batch, seq=args.seq).items()}
-    meta = {"commit": code_commit(), "load": machine_load(), "device": torch.cuda.get_device_name(),
-            "torch": torch.__version__, "command": "python -m benchmarks.gpu " + " ".join(argv or sys.argv[1:]),
+    from benchmarks.cli import base_meta
+    from benchmarks.report import provenance_header
+
+    argv = list(argv if argv is not None else sys.argv[1:])
+    meta = {**base_meta(argv, code_commit(), machine_load()), "device": torch.cuda.get_device_name(),
+            "command": "python -m benchmarks.gpu " + " ".join(argv),
             "shape": {k: getattr(args, k) for k in ("layers", "hidden", "seq", "batch")}}
     rows = []
     for point in args.points:
@@ -108,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"point": point, "error": f"{type(error).__name__}: {str(error).splitlines()[0]}"})
         print(json.dumps(rows[-1]), flush=True)
     stock = next((r for r in rows if r["point"] == "stock" and "error" not in r), None)
-    lines = [f"# Llama on {meta['device']} under Inductor (`{meta['command']}`)", "",
-             f"Generated at commit `{meta['commit']}`, torch {meta['torch']}; {args.layers} layers, hidden "
+    lines = [f"# Llama on {meta['device']} under Inductor", "", *provenance_header(meta), "",
+             f"{args.layers} layers, hidden "
              f"{args.hidden}, seq {args.seq}, batch {args.batch}, fp32, sdpa.", "",
              "| point | peak | × stock | reserved | step | × stock | route |", "|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
@@ -123,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{r['route']} |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    (out / "results.json").write_text(json.dumps({"rows": rows}, indent=1) + "\n")
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
