@@ -1,4 +1,5 @@
-"""The README's quick start is true: its Python blocks run in order, its shell block runs."""
+"""The README is true: its usage runs, docs/usage.md's blocks run in order, every ratio it quotes is in the
+committed results, and it stays a front door (the commands, a usage and the mode chooser on its first screen)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,69 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _quick_start_blocks(language: str) -> list[str]:
+    """The blocks of docs/usage.md, the README's usage in full."""
+    text = (ROOT / "docs" / "usage.md").read_text()
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
+
+
+def _readme_section(title: str) -> str:
     text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Quick start"):text.index("## Modes")]
-    return re.findall(rf"```{language}\n(.*?)```", section, flags=re.S)
+    section = text[text.index(f"## {title}"):]
+    return section[:section.index("\n## ", 1)]
+
+
+def test_readme_usage_runs(monkeypatch):
+    (block,) = re.findall(r"```python\n(.*?)```", _readme_section("Usage"), flags=re.S)
+    monkeypatch.chdir(ROOT)
+    namespace: dict = {"__name__": "readme"}
+    exec(compile(block, "README.md usage", "exec"), namespace)
+    assert all(p.grad is not None for p in namespace["model"].parameters() if p.requires_grad)
+
+
+def test_readme_is_a_front_door():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines; the narrative belongs in docs/results.md"
+    first = "\n".join(lines[:60])
+    for needed in ("make demo", "make test", "## Usage", "compiled(**batch)", "## Which mode", "| `full` |",
+                   "| `budget`", "| `auto` |", "| `selective` |"):
+        assert needed in first, f"{needed!r} is not on the README's first 60 lines"
+
+
+_RATIO = re.compile(r"(?<![\w.])(\d+\.\d+)(?:–(\d+\.\d+))?×")
+
+
+def _ratios(text: str) -> set[str]:
+    return {x for match in _RATIO.findall(text) for x in match if x}
+
+
+def _committed_ratios() -> set[float]:
+    """Every ratio on a committed run's page: N.NN× anywhere, and a table cell that is one number (a × stock column)."""
+    found: set[float] = set()
+    for path in (ROOT / "benchmarks" / "results").rglob("*.md"):
+        text = path.read_text()
+        found.update(float(x) for x in _ratios(text))
+        found.update(float(x) for x in re.findall(r"\|\s*(\d+\.\d+)\s*(?=\|)", text))
+    return found
+
+
+def _unbacked(readme: str, found: set[float]) -> list[str]:
+    missing = []
+    for figure in sorted(_ratios(readme)):
+        places = len(figure.split(".")[1])
+        if not any(abs(round(value, places) - float(figure)) < 1e-9 for value in found):
+            missing.append(figure)
+    return missing
+
+
+def test_every_ratio_the_readme_quotes_is_in_the_committed_results():
+    """A ratio (N.NN×, or a range N.NN–M.MM×) in the README is a figure of some committed run's page, to its precision."""
+    found = _committed_ratios()
+    readme = (ROOT / "README.md").read_text()
+    assert len(_ratios(readme)) >= 20, "the README's ratios were not found: the pattern is stale"
+    assert not _unbacked(readme, found), f"README.md quotes ratios no committed result holds: {_unbacked(readme, found)}"
+    # The check fails where it should: a made-up figure, a range with one made-up end.
+    assert _unbacked("`full` 9.871× stock", found) == ["9.871"]
+    assert _unbacked("0.377–9.87× stock", found) == ["9.87"]
 
 
 def test_quick_start_python_blocks_run(monkeypatch, capsys):
