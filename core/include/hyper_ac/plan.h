@@ -70,8 +70,13 @@ struct PlanOptions {
 };
 
 // Budget mode with a peak oracle: the most frontier points measured past the
-// simulated choice (a bisection over the frontier, least recompute first).
+// simulated choice (a bisection over the frontier, least recompute first), and
+// the most plans measured while raising a plan measured well under its target.
 inline constexpr std::size_t kOracleBudgetProbes = 5;
+// Budget mode with a peak oracle: a plan measured more than this fraction
+// under its target leaves memory unused; the search raises the simulated target
+// (less recompute) while the measured peak still fits.
+inline constexpr double kBudgetMeasuredSlack = 0.01;
 
 struct PlanStats {
   std::size_t regions = 0;
