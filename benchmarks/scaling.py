@@ -13,7 +13,7 @@ from benchmarks.common import (ScalingOptions, _best, _first_line, _progress, _q
 from benchmarks.replicate import _summary, replicate_layers, replicate_layers_json, same_structure
 from benchmarks.flow import run_flow_comparison
 from hyper_ac import fx_meta
-from hyper_ac.lower._fx import copy_graph_module
+from hyper_ac._fx import copy_graph_module
 
 # --------------------------------------------------------------------------
 # part 2b: planning time vs graph size

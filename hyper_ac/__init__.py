@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 # `hyper_ac.frontend.capture`, `hyper_ac.frontend.serialize`, `hyper_ac.memory` and
 # `hyper_ac.eager` are modules, imported as usual.
 _LAZY = {
-    "ActivationCheckpointPass": ("hyper_ac.planning.passes", "ActivationCheckpointPass"),
+    "ActivationCheckpointPass": ("hyper_ac.lower.checkpoint_pass", "ActivationCheckpointPass"),
     "backend": ("hyper_ac.lower.backends", "backend"),
     "GraphPass": ("hyper_ac.planning.pipeline", "GraphPass"),
     "PassOrderError": ("hyper_ac.planning.pipeline", "PassOrderError"),
@@ -25,7 +25,7 @@ _LAZY = {
     "validate_for_model": ("hyper_ac.planning.passes", "validate_for_model"),
     "fit": ("hyper_ac.lower.fit", "fit"),
     "load_config": ("hyper_ac.planning.config", "load_config"),
-    "pareto": ("hyper_ac.planning.passes", "pareto"),
+    "pareto": ("hyper_ac.display.timeline", "pareto"),
     "plan": ("hyper_ac.planning.passes", "plan"),
 }
 

@@ -240,7 +240,7 @@ def _plan_from_config(args: argparse.Namespace, base_config: str | None) -> int:
     print(f"{'mode':<10} {'simulated peak':>15} {'saved for backward':>19} {'recompute time':>15} {'replayed nodes':>15}"
           + (f" {'fits':>5}" if limit is not None else ""))
     for row in report.rows:
-        name = row.mode if row.budget_met is None else f"budget"
+        name = row.mode
         fits = "" if limit is None else f" {'yes' if row.simulated_peak_bytes <= limit - report.reserve_bytes else 'no':>5}"
         print(f"{name:<10} {size(row.simulated_peak_bytes):>15} {size(row.saved_bytes):>19} "
               f"{row.recompute_seconds * 1e3:>12.1f} ms {row.nodes_duplicated:>15}{fits}")

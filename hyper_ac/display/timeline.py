@@ -17,7 +17,7 @@ import copy
 import html
 import io
 import warnings
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import fx
@@ -260,3 +260,35 @@ def frontier(points: Sequence[Mapping[str, Any]]) -> Frontier:
     if missing:
         raise ValueError(f"frontier() points lack {missing}; pass what hyper_ac.pareto(...) returns")
     return Frontier(points)
+
+
+def pareto(graph: Union[fx.GraphModule, str, Mapping[str, Any]], config: Any = None, *, model: Any = None,
+           plot: Optional[str] = None):
+    """The saved-bytes / recompute-cost frontier across λ (min-cut modes); ``graph`` as for :func:`plan`.
+
+    Returns a :class:`Frontier`: the list of points (dicts),
+    which draws itself inline in Jupyter."""
+    from hyper_ac.planning.passes import pareto_points
+
+    points = pareto_points(graph, config, model=model)
+    if plot:
+        _plot_pareto(points, plot)
+    return Frontier(points)
+
+
+def _plot_pareto(points: list, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 4))
+    xs = [p["recompute_seconds"] * 1e3 for p in points]
+    ys = [p["simulated_peak_bytes"] / 2**20 for p in points]
+    ax.plot(xs, ys, marker="o")
+    ax.set_xlabel("recompute cost (ms, roofline)")
+    ax.set_ylabel("simulated peak (MiB)")
+    ax.set_title("hyper_ac Pareto frontier")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -33,9 +33,9 @@ import torch.fx as fx
 import torch.nn as nn
 
 from hyper_ac import fx_meta
-from hyper_ac.lower._fx import copy_graph_module
+from hyper_ac._fx import copy_graph_module
 from hyper_ac.frontend.annotate import CaptureError, JointAnnotation, annotate_joint, num_forward_outputs_from_descs
-from hyper_ac.planning.config import apply_adapter_hook
+from hyper_ac.frontend.adapters import apply_adapter_hook
 
 __all__ = [
     "CaptureError",

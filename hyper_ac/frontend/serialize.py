@@ -37,7 +37,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from hyper_ac import _core, fx_meta
-from hyper_ac.lower._gc import paused_gc
+from hyper_ac._gc import paused_gc
 from hyper_ac.frontend.annotate import phase_of
 from hyper_ac.frontend.graph_wire import compact, expand, node_text
 from hyper_ac.frontend.op_times import OpTimer

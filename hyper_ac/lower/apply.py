@@ -19,8 +19,8 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from hyper_ac import fx_meta
 from hyper_ac.planning import plan_doc
-from hyper_ac.lower._fx import emit_node
-from hyper_ac.lower._gc import paused_gc
+from hyper_ac._fx import emit_node
+from hyper_ac._gc import paused_gc
 
 __all__ = ["apply_elided_copies", "apply_plan"]
 
@@ -46,7 +46,7 @@ def apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], *, tag_only: bool = 
     It also checks only the nodes it made or rewired (each reads nodes defined
     before it; ``ValueError`` naming the node) instead of linting the whole graph.
     """
-    with paused_gc():  # thousands of new nodes: no full-heap collections midway (hyper_ac.lower._gc)
+    with paused_gc():  # thousands of new nodes: no full-heap collections midway (hyper_ac._gc)
         return _apply_plan(gm, plan, tag_only, recompile)
 
 

@@ -97,7 +97,7 @@ def stock_recomputed(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any) ->
     forward = {node.name for node in joint.graph.nodes
                if node.op == "call_function" and not fx_meta.is_backward(node)}
     # Stock's partition edits the graph and tags meta: it runs on a copy.
-    from hyper_ac.lower._fx import copy_graph_module
+    from hyper_ac._fx import copy_graph_module
 
     _, bw = stock_partition(copy_graph_module(joint), joint_inputs, **kwargs)
     return sorted({node.name for node in bw.graph.nodes if node.op == "call_function" and node.name in forward})

@@ -192,7 +192,7 @@ class InductorDryRun:
     def __init__(self, joint: fx.GraphModule, partition: Callable[[fx.GraphModule, dict], tuple],
                  patches: Callable[[bool], dict] = lambda is_backward: {}) -> None:
         self._partition, self._patches = partition, patches
-        from hyper_ac.lower._fx import copy_graph_module
+        from hyper_ac._fx import copy_graph_module
 
         # Inputs a dry run cannot make (a DTensor's mesh, a device tensor) rule the graph out before any work.
         self._unmeasurable = why_not_measurable(joint)
@@ -201,7 +201,7 @@ class InductorDryRun:
         self._warned = False
 
     def __call__(self, plan_text: str) -> int:
-        from hyper_ac.lower._fx import copy_graph_module
+        from hyper_ac._fx import copy_graph_module
 
         started = time.perf_counter()
         plan = json.loads(plan_text)

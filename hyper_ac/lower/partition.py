@@ -28,8 +28,8 @@ from torch import fx
 from torch._functorch import partitioners as _partitioners
 
 from hyper_ac import fx_meta
-from hyper_ac.lower._fx import emit_node, erase_node, placeholder, reset_graph, to_placeholder
-from hyper_ac.lower._gc import paused_gc
+from hyper_ac._fx import emit_node, erase_node, placeholder, reset_graph, to_placeholder
+from hyper_ac._gc import paused_gc
 
 __all__ = ["saved_values", "partition_joint", "build_modules", "opaque_after_saved_tensors"]
 

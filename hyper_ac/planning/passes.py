@@ -1,9 +1,9 @@
-"""The graph-compiler pass: serialise → core plan → apply to FX.
+"""The bridge to the core: serialise → core plan.
 
 Every save/recompute decision is the core's (``hyper_ac._core.plan``);
-:func:`plan` hands the graph over, :class:`ActivationCheckpointPass` applies
-the edits it gets back (:mod:`hyper_ac.lower.apply`), :func:`pareto` asks the core
-for the saved-bytes / recompute-cost frontier.
+:func:`plan` hands the graph over and returns the plan
+(:class:`hyper_ac.lower.checkpoint_pass.ActivationCheckpointPass` applies it),
+:func:`pareto_points` asks the core for the saved-bytes / recompute-cost frontier.
 :func:`prepare_activation_checkpoint` is the step every route takes before
 it traces: the adapter hook, then the model-dependent config checks
 (:func:`validate_for_model`).
@@ -21,15 +21,13 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 from torch import fx
 
 from hyper_ac import _core, fx_meta
-from hyper_ac.lower._gc import paused_gc
-from hyper_ac.lower.apply import apply_plan
-from hyper_ac.planning.config import Config, adapter_for, adapter_hook_ran, apply_adapter_hook, load_config, op_policy_json
-from hyper_ac.planning.pipeline import GraphPass, PassOrderError, placeholders_rewritten_by
+from hyper_ac._gc import paused_gc
+from hyper_ac.frontend.adapters import apply_adapter_hook
+from hyper_ac.planning.config import Config, load_config, op_policy_json
 
 _LOG = logging.getLogger("hyper_ac")
 
-__all__ = ["ActivationCheckpointPass", "PassResult", "Prepared", "plan", "pareto", "prepare_activation_checkpoint",
-           "validate_for_model"]
+__all__ = ["PassResult", "Prepared", "plan", "pareto_points", "prepare_activation_checkpoint", "validate_for_model"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,7 +212,7 @@ def plan(graph: Union[fx.GraphModule, str, bytes, Mapping[str, Any]], config: An
             raise TypeError("hyper_ac.plan: stock_recomputed must be a sequence of node names (str) or None")
         stock_recomputed = list(stock_recomputed)
     cfg = load_config(config)
-    with paused_gc():  # large documents both ways (hyper_ac.lower._gc)
+    with paused_gc():  # large documents both ways (hyper_ac._gc)
         t0 = time.perf_counter()
         graph_json = _graph_json(graph, model, "plan", cfg)
         t1 = time.perf_counter()
@@ -234,91 +232,10 @@ def plan(graph: Union[fx.GraphModule, str, bytes, Mapping[str, Any]], config: An
                           split=split_doc)
 
 
-class ActivationCheckpointPass(GraphPass):
-    """Static-graph activation checkpointing for a joint forward+backward graph.
-
-    ``ActivationCheckpointPass(config).run(gm, model=model)`` or
-    ``ActivationCheckpointPass().run(gm, config, model=model)``: the config (a
-    YAML path, dict or :class:`hyper_ac.planning.config.Config`) is validated when given.
-    ``model`` (the live module) lets scope discovery use its
-    ``gradient_checkpointing`` blocks; without it the core finds repeated
-    blocks from the module stacks. ``tag_only=True`` writes the policies and
-    leaves the rewrite to PyTorch's partitioner. The last run's
-    :class:`PassResult` is ``self.result``.
-    """
-
-    name = "activation_checkpoint"
-    needs_unsharded_placeholders = True  # see hyper_ac.planning.pipeline: runs before sharding / stage splitting
-
-    def __init__(self, config: Any = None, *, tag_only: bool = False) -> None:
-        if not isinstance(tag_only, bool):
-            raise TypeError(f"tag_only must be a bool, got {type(tag_only).__name__}")
-        self.config: Optional[Config] = load_config(config) if config is not None else None
-        self.tag_only = tag_only
-        self.result: Optional[PassResult] = None
-
-    def run(self, graph_module: fx.GraphModule, config: Any = None, *, model: Any = None,
-            recompile: bool = True) -> fx.GraphModule:
-        cfg = load_config(config) if config is not None else self.config
-        if cfg is None:
-            raise ValueError("ActivationCheckpointPass.run needs a config (pass one here or to the constructor)")
-        if cfg.mode == "off":
-            self.result = PassResult("off", {})
-            return graph_module
-        rewritten = placeholders_rewritten_by(graph_module)
-        if rewritten:
-            raise PassOrderError(
-                f"activation checkpointing runs on a graph whose placeholders {', '.join(map(repr, rewritten))} "
-                "already rewrote (sharded parameters or split stages); run ActivationCheckpointPass before that "
-                "pass (docs/architecture.md, 'Passes and their order')")
-        if model is not None and not adapter_hook_ran(model):
-            policy = adapter_for(model)
-            raise ValueError(
-                f"the model adapter of {type(model).__name__} has an on_applied hook that has not run, so this graph "
-                f"was traced without its effect (hook {getattr(policy.on_applied, '__qualname__', policy.on_applied)!r}); "
-                "call hyper_ac.prepare_activation_checkpoint(model, config) before tracing "
-                "(hyper_ac.frontend.capture.capture_joint and hyper_ac.backend do)")
-        result = plan(graph_module, cfg, model)
-        t0 = time.perf_counter()
-        apply_plan(graph_module, result.plan, tag_only=self.tag_only, recompile=recompile)
-        result.apply_seconds = time.perf_counter() - t0
-        result.report()
-        if _LOG.isEnabledFor(logging.DEBUG):  # a large plan is not rendered for nothing
-            _LOG.debug("plan: %s", json.dumps(result.plan, indent=1))
-        self.result = result
-        return graph_module
-
-    __call__ = run
-
-
-def pareto(graph: Union[fx.GraphModule, str, Mapping[str, Any]], config: Any = None, *, model: Any = None,
-           plot: Optional[str] = None):
-    """The saved-bytes / recompute-cost frontier across λ (min-cut modes); ``graph`` as for :func:`plan`.
-
-    Returns a :class:`hyper_ac.display.timeline.Frontier`: the list of points (dicts),
-    which draws itself inline in Jupyter."""
+def pareto_points(graph: Union[fx.GraphModule, str, Mapping[str, Any]], config: Any = None, *, model: Any = None
+                  ) -> list:
+    """The saved-bytes / recompute-cost frontier across λ (min-cut modes), the core's points as dicts;
+    ``graph`` as for :func:`plan`. ``hyper_ac.pareto`` (:func:`hyper_ac.display.timeline.pareto`) wraps them
+    in a list that plots itself."""
     cfg = load_config(config if config is not None else {"ac_mode": "auto"})
-    points = json.loads(_core.pareto(_graph_json(graph, model, "pareto", cfg), cfg.json_for(model), op_policy_json()))
-    if plot:
-        _plot_pareto(points, plot)
-    from hyper_ac.display.timeline import Frontier  # a list that also plots itself in Jupyter
-
-    return Frontier(points)
-
-
-def _plot_pareto(points: list, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 4))
-    xs = [p["recompute_seconds"] * 1e3 for p in points]
-    ys = [p["simulated_peak_bytes"] / 2**20 for p in points]
-    ax.plot(xs, ys, marker="o")
-    ax.set_xlabel("recompute cost (ms, roofline)")
-    ax.set_ylabel("simulated peak (MiB)")
-    ax.set_title("hyper_ac Pareto frontier")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    return json.loads(_core.pareto(_graph_json(graph, model, "pareto", cfg), cfg.json_for(model), op_policy_json()))

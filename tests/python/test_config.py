@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from hyper_ac.planning import config as hc
-from hyper_ac.planning.config import ConfigError, ModelAdapter, load_config
+from hyper_ac.frontend import adapters
+from hyper_ac.frontend.adapters import ModelAdapter
+from hyper_ac.planning.config import ConfigError, load_config
 
 CONFIGS = hc.CONFIG_DIR  # hyper_ac/configs: package data
 
@@ -149,17 +151,17 @@ def test_adapter_registry_and_run_once_hook():
         pass
 
     policy = ModelAdapter(["layers.*.mlp"], ["*.mlp.act"], on_applied=calls.append)
-    hc.register_adapter(Model, policy)
+    adapters.register_adapter(Model, policy)
     try:
         model = SubModel()
         assert hc.adapter_for(model) is policy
-        hc.apply_adapter_hook(model)
-        hc.apply_adapter_hook(model)
+        adapters.apply_adapter_hook(model)
+        adapters.apply_adapter_hook(model)
         assert calls == [model]
         data = json.loads(load_config({"ac_mode": "full"}).json_for(model))
         assert data["adapter"] == {"include": ["layers.*.mlp"], "exclude": ["*.mlp.act"]}
     finally:
-        hc.unregister_adapter(Model)
+        adapters.unregister_adapter(Model)
     assert hc.adapter_for(SubModel()) is None
 
 

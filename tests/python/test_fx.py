@@ -1,4 +1,4 @@
-"""hyper_ac.lower._fx.emit_node against torch's Graph.node_copy: the same graph, node for node."""
+"""hyper_ac._fx.emit_node against torch's Graph.node_copy: the same graph, node for node."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from torch import fx
 
 from hyper_ac import models
-from hyper_ac.lower._fx import emit_node
+from hyper_ac._fx import emit_node
 from hyper_ac.frontend.capture import capture_joint
 
 

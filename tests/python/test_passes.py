@@ -18,7 +18,7 @@ import hyper_ac
 from hyper_ac import _core, models
 from hyper_ac.frontend.capture import capture_joint
 from hyper_ac.lower.partition import partition_joint, saved_values
-from hyper_ac.planning.passes import ActivationCheckpointPass
+from hyper_ac.lower.checkpoint_pass import ActivationCheckpointPass
 
 MODES = ["full", "selective", "auto", "budget"]
 
@@ -458,7 +458,7 @@ def _layer_norms(gm) -> int:
 
 @pytest.fixture
 def hooked_adapter():
-    from hyper_ac.planning.config import ModelAdapter, register_adapter, unregister_adapter
+    from hyper_ac.frontend.adapters import ModelAdapter, register_adapter, unregister_adapter
 
     calls = []
 

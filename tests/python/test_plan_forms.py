@@ -39,7 +39,7 @@ def _form(graph) -> list:
 
 
 def _apply(c, plan):
-    from hyper_ac.lower._fx import copy_graph_module
+    from hyper_ac._fx import copy_graph_module
     from hyper_ac.lower.apply import apply_plan
 
     gm = copy_graph_module(c.gm)
@@ -101,7 +101,7 @@ def test_other_versions_are_refused():
     c = get_captured("mlp")
     plan = dict(hyper_ac.plan(c.gm, {"ac_mode": "auto"}, c.model).plan)
     plan["version"] = plan_doc.VERSION - 1
-    from hyper_ac.lower._fx import copy_graph_module
+    from hyper_ac._fx import copy_graph_module
 
     with pytest.raises(ValueError, match="version"):
         apply_plan(copy_graph_module(c.gm), plan)

@@ -246,7 +246,7 @@ def test_partition_leaves_no_stray_random_op_in_the_backward():
     # for another reader), and DCE keeps random ops, so it would draw from the
     # user's generator on every backward.
     from hyper_ac.lower.partition import partition_joint
-    from hyper_ac.planning.passes import ActivationCheckpointPass
+    from hyper_ac.lower.checkpoint_pass import ActivationCheckpointPass
 
     class Block(nn.Module):
         def __init__(self):

@@ -17,7 +17,7 @@ import torch
 
 from hyper_ac import fx_meta, models
 from hyper_ac.frontend.capture import capture_joint
-from hyper_ac.planning.passes import ActivationCheckpointPass
+from hyper_ac.lower.checkpoint_pass import ActivationCheckpointPass
 
 
 def _consumers(node, is_dup):

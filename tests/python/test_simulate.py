@@ -10,7 +10,7 @@ import torch
 from hyper_ac import _core, fx_meta, memory, models
 from hyper_ac.frontend.capture import capture_joint
 from hyper_ac.planning.config import load_config, op_policy_json
-from hyper_ac.planning.passes import ActivationCheckpointPass
+from hyper_ac.lower.checkpoint_pass import ActivationCheckpointPass
 
 pytestmark = pytest.mark.skipif(not memory.is_available(), reason="hyper_ac._memory was not built")
 

@@ -39,6 +39,7 @@ _core = pytest.importorskip("hyper_ac._core", reason="hyper_ac._core not built (
 from hyper_ac import fx_meta, models
 from hyper_ac.frontend import annotate
 from hyper_ac.frontend import capture
+from hyper_ac.frontend import adapters
 from hyper_ac.planning import config
 from hyper_ac.frontend import serialize  # noqa: E402  (config imports _core)
 from hyper_ac.frontend.op_facts import target_name  # noqa: E402
@@ -277,8 +278,8 @@ def test_layer_selection(rule, selection, selected):
 
 def test_adapter_regions():
     model, gm = tiny_transformer()
-    policy = config.ModelAdapter(region_patterns=["layers.*"], exclude_patterns=["*.self_attn"])
-    config.register_adapter(models.TinyTransformer, policy)
+    policy = adapters.ModelAdapter(region_patterns=["layers.*"], exclude_patterns=["*.self_attn"])
+    adapters.register_adapter(models.TinyTransformer, policy)
     try:
         p = plan(
             gm,
@@ -286,7 +287,7 @@ def test_adapter_regions():
             {"activation_checkpoint": {"mode": "selective", "selection": {"source": "model_adapter_safe_regions"}}},
         )
     finally:
-        config.unregister_adapter(models.TinyTransformer)
+        adapters.unregister_adapter(models.TinyTransformer)
     check_golden("adapter_regions", p.text)
     assert [r["fqn"] for r in p.plan["regions"]] == ["layers.0", "layers.1"]
     assert sorted(p.plan["excluded"]) == ["layers.0.self_attn", "layers.1.self_attn"]

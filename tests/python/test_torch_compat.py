@@ -412,10 +412,10 @@ def test_pass_and_backend_apis():
 
 
 def test_graph_internals_emit_node_uses():
-    """hyper_ac.lower._fx.emit_node builds nodes as create_node does, from these internals."""
+    """hyper_ac._fx.emit_node builds nodes as create_node does, from these internals."""
     from torch.fx._lazy_graph_module import _LazyGraphModule, _make_graph_module, _use_lazy_graph_module
 
-    from hyper_ac.lower import _fx
+    from hyper_ac import _fx
 
     assert _fx.internals_present(), "fx.Graph internals changed: emit_node falls back to create_node"
     graph = torch.fx.Graph()
@@ -428,11 +428,11 @@ def test_graph_internals_emit_node_uses():
 
 
 def test_graph_internals_backward_in_place_uses():
-    """hyper_ac.lower._fx.erase_node / to_placeholder / reset_graph (the native split's backward,
+    """hyper_ac._fx.erase_node / to_placeholder / reset_graph (the native split's backward,
     built in place from the joint graph) rely on these internals."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from hyper_ac.lower import _fx
+    from hyper_ac import _fx
 
     gm = make_fx(lambda xs: [xs[0].sin() * 2])([torch.randn(3)])  # inputs as a pytree
     graph = gm.graph
