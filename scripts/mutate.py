@@ -77,15 +77,15 @@ MUTATIONS = [
     Mutation(
         "budget_first_point",
         "budget mode takes the first frontier point whether it fits or not",
-        "core/src/plan.cc",
-        "    if (evaluation.simulated_peak_bytes <= target) {",
+        "core/src/plan_budget.cc",
+        "    if (scored_bytes(evaluation, scope) <= target) {",
         "    if (true) {",
         ("ctest", "[plan],[tagging]"),
     ),
     Mutation(
         "budget_no_descent",
         "budget mode keeps the first fitting frontier point (no descent towards the cheapest fitting set)",
-        "core/src/plan.cc",
+        "core/src/plan_budget.cc",
         "  if (met) {",
         "  if (false && met) {",
         ("ctest", "[plan],[tagging]"),
@@ -93,7 +93,7 @@ MUTATIONS = [
     Mutation(
         "budget_f_not_1_minus_f",
         "budget fraction f keeps 1 - f of the activations instead of f",
-        "core/src/plan.cc",
+        "core/src/plan_budget.cc",
         "(1.0 - fraction) * activations",
         "fraction * activations",
         ("ctest", "[plan],[tagging]"),

@@ -9,7 +9,7 @@
 
 #include "hyper_ac/alias.h"
 #include "hyper_ac/saturate.h"
-#include "indexed_stages.h"
+#include "cost_indexed.h"
 
 namespace hyper_ac {
 

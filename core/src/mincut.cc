@@ -18,7 +18,8 @@
 #include "hyper_ac/alias.h"
 #include "hyper_ac/cost.h"
 #include "hyper_ac/saturate.h"
-#include "indexed_stages.h"
+#include "cost_indexed.h"
+#include "mincut_indexed.h"
 
 namespace hyper_ac {
 

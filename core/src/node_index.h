@@ -1,8 +1,8 @@
 // Internal to the core: compact per-node facts of a graph (one pass over the
 // nodes, flat arrays). plan() builds the index once and every stage and
 // evaluation (each frontier point) reads it, instead of walking the
-// scattered Node structs again. The stages' entry points over it:
-// indexed_stages.h.
+// scattered Node structs again. The stages' entry points over it: each in
+// its own <stage>_indexed.h (scope, tagging, cost, mincut, remat, simulate).
 #pragma once
 
 #include <cstdint>

@@ -5,7 +5,8 @@
 #include "hyper_ac/alias.h"
 #include "hyper_ac/saturate.h"
 #include "hyper_ac/simulate.h"
-#include "indexed_stages.h"
+#include "remat_indexed.h"
+#include "simulate_indexed.h"
 
 namespace hyper_ac {
 

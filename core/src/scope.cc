@@ -10,7 +10,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "indexed_stages.h"
+#include "scope_indexed.h"
 #include "string_ids.h"
 
 namespace hyper_ac {

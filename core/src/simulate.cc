@@ -6,7 +6,7 @@
 
 #include "hyper_ac/alias.h"
 #include "hyper_ac/saturate.h"
-#include "indexed_stages.h"
+#include "simulate_indexed.h"
 
 namespace hyper_ac {
 

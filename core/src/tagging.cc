@@ -4,7 +4,7 @@
 #include <string_view>
 #include <unordered_map>
 
-#include "indexed_stages.h"
+#include "tagging_indexed.h"
 
 namespace hyper_ac {
 

@@ -10,6 +10,7 @@ inside functions, relative ones.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -91,3 +92,53 @@ def test_the_check_sees_every_kind_of_import():
     assert len(violations(from_the_base, "hyper_ac.memory")) == 1
     with_the_flow = "from hyper_ac.frontend.capture import capture_joint\nfrom hyper_ac import fx_meta, _fx\n"
     assert violations(with_the_flow, "hyper_ac.lower.whatif") == []
+
+
+# --------------------------------------------------------------------------
+# the C++ core: includes in stage order
+# --------------------------------------------------------------------------
+
+CORE = PACKAGE.parent / "core"
+# The pipeline's order (docs/architecture.md, "Data flow"); a file belongs to the stage its name starts with.
+# The graph stage holds the foundations every stage reads (loading, the node index, diagnostics, the alias rule).
+STAGES = ("graph", "scope", "config", "tagging", "cost", "mincut", "remat", "simulate", "split", "plan")
+_FOUNDATIONS = ("graph", "json_reader", "string_ids", "node_index", "diagnostic", "saturate", "alias")
+_LATER_STAGE_FILES = {"schedule": "remat"}  # the rewritten step as flat arrays: remat's
+MAX_CORE_INCLUDES_AGAINST_ORDER = 3
+
+
+def _stage_of(filename: str) -> Optional[str]:
+    stem = Path(filename).stem
+    for prefix, stage in _LATER_STAGE_FILES.items():
+        if stem.startswith(prefix):
+            return stage
+    if stem.startswith(_FOUNDATIONS):
+        return "graph"
+    for stage in STAGES:
+        if stem.startswith(stage):
+            return stage
+    return None
+
+
+def core_includes_against_order(files: dict) -> list[str]:
+    """``files``: name -> text. Each ``#include "..."`` of a later stage's header, as 'file -> header'."""
+    found = []
+    for name, text in sorted(files.items()):
+        own = _stage_of(name)
+        if own is None:
+            continue
+        for header in re.findall(r'#include "(?:hyper_ac/)?([^"]+)"', text):
+            other = _stage_of(header)
+            if other is not None and STAGES.index(other) > STAGES.index(own):
+                found.append(f"{name} -> {header} ({own} includes {other})")
+    return found
+
+
+def test_core_includes_follow_the_stage_order():
+    files = {p.name: p.read_text() for p in CORE.rglob("*") if p.suffix in (".h", ".cc")}
+    assert not any(name == "indexed_stages.h" for name in files), "a header that includes every stage"
+    against = core_includes_against_order(files)
+    assert len(against) <= MAX_CORE_INCLUDES_AGAINST_ORDER, "includes against the stage order:\n" + "\n".join(against)
+    # The check sees one: a stage that includes a later stage's header.
+    assert core_includes_against_order({"scope.cc": '#include "hyper_ac/plan.h"\n#include "node_index.h"\n'}) == [
+        "scope.cc -> plan.h (scope includes plan)"]

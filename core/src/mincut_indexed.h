@@ -1,0 +1,22 @@
+// Internal to the core: mincut.h's entry points over a prebuilt node index (node_index.h), what
+// plan() calls so the index is built once per plan. Each gives the same result
+// as the public function it names.
+#pragma once
+
+#include <vector>
+
+#include "hyper_ac/graph.h"
+#include "hyper_ac/mincut.h"
+#include "node_index.h"
+
+namespace hyper_ac {
+namespace detail {
+
+// mincut.h's solve_min_cut and pareto with a prebuilt index.
+MinCutResult solve_min_cut(const Graph& graph, const NodeIndex& index, const std::vector<Policy>& tags,
+                           const MinCutOptions& options);
+ParetoResult pareto(const Graph& graph, const NodeIndex& index, const std::vector<Policy>& tags,
+                    const MinCutOptions& options, const ParetoOptions& sweep = {});
+
+}  // namespace detail
+}  // namespace hyper_ac
