@@ -299,9 +299,12 @@ def merge_frontier(base_meta: dict, base_rows: list[dict], meta: dict, rows: lis
     """The earlier page with this run's non-stock rows in place of the same (model, system, point),
     new points after the last earlier row of their system (else at the end of their model). Stock's
     rows stay the earlier run's: each row's step is paired with its own stock compile, and peaks are
-    exact, so rows of the two runs compare. The meta names both commands."""
+    exact, so rows of the two runs compare. A model without stock rows on the earlier page takes
+    this run's. The meta names both commands."""
     key = lambda r: (r["model"], r["system"], r["point"])  # noqa: E731
-    fresh = {key(r): r for r in rows if r["system"] != "stock"}
+    # A model without stock rows on the earlier page takes this run's: its ratios are to them.
+    known = {r["model"] for r in base_rows if r["system"] == "stock"}
+    fresh = {key(r): r for r in rows if r["system"] != "stock" or r["model"] not in known}
     merged = [dict(fresh.pop(key(r), r)) for r in base_rows]
     for r in rows:
         if key(r) not in fresh:

@@ -107,11 +107,13 @@ def test_merge_replaces_the_same_points_keeps_stock_and_inserts_new_ones(tmp_pat
     new = [row("stock", "whole compile", 100, 0.97),                   # stock stays the earlier run's
            row("hyper_ac", "auto", 58, 0.99),                          # replaces auto in place
            row("hyper_ac", "budget 0.65× stock peak", 56, 0.99),       # new: after the last hyper_ac row
-           row("hyper_ac", "auto", 40, 1.0, model="other")]            # a model the page lacks: at the end
+           row("stock", "whole compile", 90, 1.0, model="other"),      # a model the page lacks: at the end,
+           row("hyper_ac", "auto", 40, 1.0, model="other")]            # its stock row with it
     meta, merged = fr.merge_frontier(base_meta, base_rows, _meta("python -m benchmarks B", ["hyper_ac"], 50.0), new)
     labels = [(r["model"], fr.label(r)) for r in merged]
     assert labels == ([("m", fr.label(r)) for r in base[:7]] + [("m", "hyper_ac budget 0.65× stock peak")]
-                      + [("m", fr.label(r)) for r in base[7:]] + [("other", "hyper_ac auto")])
+                      + [("m", fr.label(r)) for r in base[7:]]
+                      + [("other", "stock whole compile"), ("other", "hyper_ac auto")])
     by = {lbl: r for (m, lbl), r in zip(labels, merged) if m == "m"}
     assert by["stock whole compile"]["paired_step_ratio"] == 1.00
     assert by["hyper_ac auto"]["peak_bytes"] == 58 * MiB
@@ -122,6 +124,7 @@ def test_merge_replaces_the_same_points_keeps_stock_and_inserts_new_ones(tmp_pat
     fr.write_frontier(tmp_path, meta, merged, plots=False, log=print)
     text = (tmp_path / "results.md").read_text()
     assert "budget 0.65× stock peak" in text and "python -m benchmarks B" in text
+    assert [r["peak_ratio"] for r in merged if r["model"] == "other"] == [1.0, 40 / 90]  # against its own stock
 
 
 def test_the_committed_page_reads_back_typed_by_its_columns():
