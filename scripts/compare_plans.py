@@ -17,6 +17,7 @@ and message. Exit status 1 when any differs.
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
 import importlib.util
 import json
@@ -25,14 +26,18 @@ import sys
 import tempfile
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
-MODE_CONFIGS = {
-    "mode:off": {"ac_mode": "off"},
-    "mode:full": {"ac_mode": "full"},
-    "mode:selective": {"ac_mode": "selective"},
-    "mode:auto": {"ac_mode": "auto"},
-    "mode:budget": {"ac_mode": "budget", "ac_memory_budget": 0.5},
-}
+
+
+def mode_configs() -> dict:
+    """test_plan_identity's MODE_CONFIGS, read from its source (importing the test would load the installed core)."""
+    tree = ast.parse((ROOT / "tests" / "python" / "test_plan_identity.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "MODE_CONFIGS" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise LookupError("tests/python/test_plan_identity.py defines no MODE_CONFIGS")
 
 
 def _sha(text) -> str:
@@ -57,8 +62,7 @@ def inputs() -> tuple[dict, dict]:
             graphs[f"fuzz:{path.stem.split('__')[0]}:{_sha(graph)[:8]}"] = graph
         if nul and config:
             fuzz_configs.add(config.decode())
-    configs.update({name: json.dumps(c) for name, c in MODE_CONFIGS.items()})
-    import yaml
+    configs.update({name: json.dumps(c) for name, c in mode_configs().items()})
     for path in sorted((ROOT / "configs").glob("*.yaml")):
         if path.stem != "op_policy":
             configs[f"preset:{path.stem}"] = json.dumps(yaml.safe_load(path.read_text()))
