@@ -137,7 +137,7 @@ TEST_CASE("config floats: finite, in range, and the message says what was read",
   CHECK_THROWS_AS(parse_config(R"({"ac_mode": "auto", "ac_lambda": 1e309})"), ConfigError);
   CHECK_THROWS_WITH(parse_config(R"({"ac_mode": "auto", "ac_lambda": 1e309})"), Catch::Contains("1e309"));
 
-  // memory_budget: any finite positive size; one past 2^63 bytes is "no limit" (plan.cc).
+  // memory_budget: any finite positive size; one past 2^63 bytes is "no limit" (budget_target, plan_budget.cc).
   const Config huge = parse_config(R"({"ac_mode": "budget", "ac_memory_budget": 1e19})");
   REQUIRE(std::holds_alternative<BudgetBytes>(huge.mincut.memory_budget));
   CHECK(std::get<BudgetBytes>(huge.mincut.memory_budget).bytes == 1e19);

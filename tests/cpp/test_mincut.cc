@@ -907,7 +907,7 @@ TEST_CASE("1M-node layered graph timing", "[.bench]") {
   std::cout << "pareto: " << frontier.points.size() << " points from " << frontier.solves << " solves in "
             << frontier.solve_seconds << " s (complete: " << frontier.complete << ")\n";
   // One evaluation (plan_remat + simulate_memory + cost), what each step of
-  // budget mode's descent costs (plan.cc: 33 of them at most on 1M nodes).
+  // budget mode's descent costs (descent_cap, plan_search.h: 33 of them at most on 1M nodes).
   for (const auto& point : {frontier.points.front(), frontier.points.back()}) {
     const Evaluation e = evaluate(g, point.policies, gpu(1e10).cost);
     std::cout << "evaluate (" << e.nodes_duplicated << " duplicates): remat " << e.remat_seconds << " s, simulate "

@@ -80,7 +80,7 @@ PlanOptions budget_options(double fraction) {
 }  // namespace
 
 // Budget mode walks the frontier, then descends from the first fitting point
-// (plan.cc): never more recompute than the least-recompute fitting frontier
+// (plan_budget.cc): never more recompute than the least-recompute fitting frontier
 // point, and here strictly less at 0.8 and 0.95 (brute force below says how
 // much less is possible).
 TEST_CASE("budget: met at several fractions, no more recompute than the fitting frontier points",
@@ -252,7 +252,7 @@ TEST_CASE("fixed fuzz findings replay cleanly", "[plan][fuzz][numeric]") {
 // must be what plan() returns, at every fraction. The frontier walk alone
 // missed it at fractions 0.8 / 0.95 (a set off the saved-bytes frontier fits
 // the peak with less recompute, e.g. 2.6e-4 s vs 5.2e-4 s); the descent that
-// follows it (plan.cc) finds it.
+// follows it (plan_budget.cc) finds it.
 TEST_CASE("budget mode matches brute force: the cheapest plan meeting the budget", "[plan][budget][bruteforce]") {
   for (int units : {2, 3, 4}) {
     const auto b = activation_heavy(units);

@@ -66,7 +66,7 @@ def violations(source: str, module: str) -> list[str]:
         if other is None or other == tier:
             continue
         if _rank(other) > _rank(tier):
-            found.append(f"{module} (line {line}) imports {imported}: {tier} may not import from {other}")
+            found.append(f"{module.replace('.', '/')}.py:{line}: imports {imported} ({tier} may not import from {other})")
     return found
 
 
@@ -83,7 +83,7 @@ def test_no_import_runs_against_the_tiers():
 def test_the_check_sees_every_kind_of_import():
     inside_a_function = "def f():\n    from hyper_ac.lower.apply import apply_plan\n"
     assert violations(inside_a_function, "hyper_ac.planning.passes") == [
-        "hyper_ac.planning.passes (line 2) imports hyper_ac.lower.apply: planning may not import from lower"]
+        "hyper_ac/planning/passes.py:2: imports hyper_ac.lower.apply (planning may not import from lower)"]
     relative = "from ..display import timeline\n"
     assert len(violations(relative, "hyper_ac.lower.backends")) == 1
     a_tier_by_name = "from hyper_ac import display\n"
