@@ -16,7 +16,7 @@ Three parts (benchmarks/README.md explains every column):
    nodes, the C++ core alone at ~1M nodes, and the core's max-flow against
    ``networkx.minimum_cut`` on the same flow network.
 3. **outputs** (``benchmarks.report``): ``results.md``, ``results.csv``,
-   ``scaling.csv``, ``flow.csv``, ``pareto.json`` and PNG plots under
+   ``scaling.csv``, ``flow.csv``, ``frontier_points.json`` and PNG plots under
    ``--out`` (default ``benchmarks/results``; ``--quick`` without ``--out``
    writes to a fresh temporary directory, never over the committed results).
 
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Optional
 
 from benchmarks.common import DEFAULT_MODELS, INDUCTOR, ModelSpec, hac_strategy_config, QUICK_MODELS, QUICK_STRATEGIES, STRATEGIES, ScalingOptions, _first_line
-from benchmarks.step import StepOptions, run_pareto, run_step_benchmark
+from benchmarks.step import StepOptions, run_frontier_points, run_step_benchmark
 from benchmarks.scaling import run_scaling
 from benchmarks.report import STEP_COLUMNS, _write_csv, render_markdown, render_plots
 from benchmarks.provenance import code_commit, machine_load
@@ -229,13 +229,13 @@ def main(argv: Optional[list[str]] = None) -> int:
             return 0  # gradients are reported there, not asserted
 
     step_rows: list[dict] = []
-    pareto: dict = {}
+    frontier_points: dict = {}
     if "step" in args.parts:
         log(f"step benchmark: {len(models)} model(s) x {len(strategies)} strategies, {spec}")
         step_opts = StepOptions(spec, timed_steps=args.steps or timed, runner=args.fx_runner,
                                 paired_rounds=args.paired_rounds, buffer_reuse=args.buffer_reuse)
         step_rows, extras = run_step_benchmark(models, strategies, step_opts, log)
-        pareto = run_pareto(extras, log)
+        frontier_points = run_frontier_points(extras, log)
         del extras
         gc.collect()
 
@@ -272,14 +272,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         _write_csv(out_dir / "core.csv", core_rows)
     if flow_rows:
         _write_csv(out_dir / "flow.csv", flow_rows)
-    if pareto:
-        with open(out_dir / "pareto.json", "w") as f:
-            json.dump(pareto, f, indent=1, default=str)
-    plots = [] if args.no_plots or args.quick else render_plots(out_dir, step_rows, pareto, scaling, core_rows, log)
+    if frontier_points:
+        with open(out_dir / "frontier_points.json", "w") as f:
+            json.dump(frontier_points, f, indent=1, default=str)
+    plots = [] if args.no_plots or args.quick else render_plots(
+        out_dir, step_rows, frontier_points, scaling, core_rows, log)
     meta["total_seconds"] = time.perf_counter() - started
     meta["notes"] = notes
     meta["plots"] = plots
-    (out_dir / "results.md").write_text(render_markdown(meta, step_rows, pareto, scaling, core_rows, flow_rows, notes))
+    (out_dir / "results.md").write_text(render_markdown(
+        meta, step_rows, frontier_points, scaling, core_rows, flow_rows, notes))
     with open(out_dir / "meta.json", "w") as f:
         json.dump(meta, f, indent=1, default=str)
     log(f"wrote {out_dir}/results.md ({meta['total_seconds']:.0f} s)")

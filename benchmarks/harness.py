@@ -101,7 +101,7 @@ def _instrument(aot_backend: Any, probe: _Probe, *, snapshot: bool = False, budg
                     probe.joint = (copy.deepcopy(joint), num_fwd_outputs)
             except RuntimeError:
                 # Some graphs' meta cannot be deep-copied (T5: a fake tensor on "meta" with a cpu
-                # storage); the snapshot only feeds the diagnostic columns (joint run, pareto).
+                # storage); the snapshot only feeds the diagnostic columns (joint run, frontier points).
                 probe.joint = None
         patch = (functorch_config.patch(activation_memory_budget=budget) if budget is not None
                  else contextlib.nullcontext())

@@ -102,8 +102,8 @@ def provenance_header(meta: dict) -> list[str]:
     return lines
 
 
-def render_markdown(meta: dict, step_rows: list[dict], pareto: dict, scaling: list[dict], core_rows: list[dict],
-                    flow_rows: list[dict], notes: dict) -> str:
+def render_markdown(meta: dict, step_rows: list[dict], frontier_points: dict, scaling: list[dict],
+                    core_rows: list[dict], flow_rows: list[dict], notes: dict) -> str:
     out = ["# hyper_ac benchmark results", ""]
     out += provenance_header(meta) + ["", "Columns are explained in benchmarks/README.md.", ""]
     if step_rows:
@@ -216,16 +216,16 @@ def render_markdown(meta: dict, step_rows: list[dict], pareto: dict, scaling: li
             out += [_md_table(header, body), ""]
             out += [MEMORY_TRUTH_NOTES, ""]
 
-    if pareto:
-        out += ["## Pareto frontiers (hyper_ac.pareto, auto mode)", ""]
-        for name, p in pareto.items():
+    if frontier_points:
+        out += ["## Plan frontiers (hyper_ac.frontier, auto mode)", ""]
+        for name, p in frontier_points.items():
             if "error" in p:
                 out.append(f"- {name}: not available ({p['error']})")
             else:
                 out.append(f"- {name}: {len(p['points'])} points in {p['seconds'] * 1e3:.0f} ms"
                            f" (line in `memory_vs_recompute_{name}.png`)")
         out.append("")
-        timelines = {name: p["unit_timelines"] for name, p in pareto.items() if p.get("unit_timelines")}
+        timelines = {name: p["unit_timelines"] for name, p in frontier_points.items() if p.get("unit_timelines")}
         if timelines:
             out += ["## Per-unit backward peak (simulated)", "",
                     "The core's simulated live activation bytes, highest while the backward runs each unit "
@@ -442,8 +442,8 @@ def save_plot(fig: Any, path: Path, written: list) -> None:
     written.append(path.name)
 
 
-def render_plots(out_dir: Path, step_rows: list[dict], pareto: dict, scaling: list[dict], core_rows: list[dict],
-                 log: Callable[[str], None]) -> list[str]:
+def render_plots(out_dir: Path, step_rows: list[dict], frontier_points: dict, scaling: list[dict],
+                 core_rows: list[dict], log: Callable[[str], None]) -> list[str]:
     try:
         import matplotlib
 
@@ -468,7 +468,7 @@ def render_plots(out_dir: Path, step_rows: list[dict], pareto: dict, scaling: li
                 axes[0].scatter(x, r["saved_bytes"] / MiB, **style)
             if r.get("peak_bytes") is not None:
                 axes[1].scatter(x, r["peak_bytes"] / MiB, **style)
-        p = pareto.get(name, {})
+        p = frontier_points.get(name, {})
         pts = p.get("points") or []
         if pts:
             flop_key = "recompute_flops" if "recompute_flops" in pts[0] else None
@@ -476,7 +476,7 @@ def render_plots(out_dir: Path, step_rows: list[dict], pareto: dict, scaling: li
                 xs = [q[flop_key] / 1e9 for q in pts]
                 if "saved_bytes" in pts[0]:
                     axes[0].plot(xs, [q["saved_bytes"] / MiB for q in pts], "-", color="gray", lw=1.2,
-                                 label="hyper_ac Pareto (plan)", zorder=1)
+                                 label="hyper_ac frontier (plan)", zorder=1)
                 resident = next((r.get("resident_bytes") for r in rows if r.get("resident_bytes")), 0) or 0
                 if "simulated_activation_peak_bytes" in pts[0]:
                     ys = [q["simulated_activation_peak_bytes"] / MiB for q in pts]
@@ -485,7 +485,7 @@ def render_plots(out_dir: Path, step_rows: list[dict], pareto: dict, scaling: li
                 else:
                     ys = None
                 if ys is not None:
-                    axes[1].plot(xs, ys, "-", color="gray", lw=1.2, label="hyper_ac Pareto (simulated peak)", zorder=1)
+                    axes[1].plot(xs, ys, "-", color="gray", lw=1.2, label="hyper_ac frontier (simulated peak)", zorder=1)
         axes[0].set_ylabel("activation bytes saved for backward (MiB)")
         axes[1].set_ylabel("peak memory of one step (MiB)")
         for ax in axes:

@@ -1,4 +1,4 @@
-"""Part 1: one training step per (model, strategy), and the Pareto frontier of the captured graphs."""
+"""Part 1: one training step per (model, strategy), and the frontier of the captured graphs."""
 
 from __future__ import annotations
 
@@ -267,7 +267,7 @@ def run_step_benchmark(models: Sequence[str], strategies: Sequence[str], opts: S
                        log: Callable[[str], None]) -> tuple[list[dict], dict]:
     """Every (model, strategy) cell; a failing cell records its error and the run goes on."""
     rows: list[dict] = []
-    extras: dict = {"pareto": {}, "joint": {}}
+    extras: dict = {"joint": {}}
     cells = [(m, s) for m in models for s in strategies]
     refs: dict = {}
     for name, strategy in _progress(cells, desc="step", unit="cell"):
@@ -359,8 +359,8 @@ def _add_ratios(rows: list[dict]) -> None:
 UNIT_TIMELINE_STRATEGIES = ("full", "output_recompute")
 
 
-def run_pareto(extras: dict, log: Callable[[str], None]) -> dict:
-    """hyper_ac.pareto on each model's joint graph (snapshot taken by the `none` run),
+def run_frontier_points(extras: dict, log: Callable[[str], None]) -> dict:
+    """hyper_ac.frontier on each model's joint graph (snapshot taken by the `none` run),
     and the per-unit timeline of ``full`` and ``output_recompute`` on it."""
     import hyper_ac
     from hyper_ac.frontend.annotate import annotate_joint
@@ -371,7 +371,7 @@ def run_pareto(extras: dict, log: Callable[[str], None]) -> dict:
             with _quiet():
                 annotate_joint(joint, num_fwd_outputs, model=model)
                 t0 = time.perf_counter()
-                points = hyper_ac.pareto(joint, {"ac_mode": "auto"}, model=model)
+                points = hyper_ac.frontier(joint, {"ac_mode": "auto"}, model=model)
                 seconds = time.perf_counter() - t0
                 # Per-unit backward peaks (simulated) of the replay schedule, before vs after.
                 timelines = {strategy: hyper_ac.plan(joint, hac_config(strategy), model=model,
@@ -380,7 +380,7 @@ def run_pareto(extras: dict, log: Callable[[str], None]) -> dict:
             out[name] = {"points": list(points), "seconds": seconds, "unit_timelines": timelines}
         except Exception as exc:
             out[name] = {"error": _first_line(exc)}
-            log(f"  pareto {name}: {out[name]['error']}")
+            log(f"  frontier {name}: {out[name]['error']}")
     return out
 
 

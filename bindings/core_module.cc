@@ -211,10 +211,10 @@ void register_planning(py::module_& m) {
      "(plan JSON, split JSON): the plan exactly as plan() gives it, and the forward/backward split of the rewritten\n"
      "graph (split.h): the nodes each module runs and the values the forward saves, in order (docs/graph-format.md).");
 
-  m.def("pareto", [](const std::string& graph_json, const std::string& config_json, const std::optional<std::string>& op_policy_json) {
+  m.def("frontier", [](const std::string& graph_json, const std::string& config_json, const std::optional<std::string>& op_policy_json) {
     py::gil_scoped_release release;
     auto loaded = load_graph(graph_json);
-    return pareto_to_json(pareto(loaded.graph, options_for(config_json, op_policy_json)));
+    return frontier_to_json(frontier(loaded.graph, options_for(config_json, op_policy_json)));
   }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = py::none(),
      "The saved-bytes / recompute-cost frontier across lambda, with simulated peaks (JSON list).");
 

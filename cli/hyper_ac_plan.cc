@@ -15,7 +15,7 @@ namespace {
 
 const char* kUsage =
     "usage: hyper-ac-plan GRAPH.json [--config CONFIG.json] [--op-policy TABLE.json] [--print]\n"
-    "                     [--json [--detail] [--out PLAN.json]] [--pareto | --flow-network]\n"
+    "                     [--json [--detail] [--out PLAN.json]] [--frontier | --flow-network]\n"
     "       hyper-ac-plan --print-op-policy [--op-policy TABLE.json]\n"
     "  Loads and validates GRAPH.json (docs/graph-format.md) and prints its summary.\n"
     "  --config     plan it with this config (JSON; `python -m hyper_ac config FILE.yaml` converts YAML)\n"
@@ -30,7 +30,7 @@ const char* kUsage =
     "  --timings    print the wall time of each stage to stderr\n"
     "  --reference-loader  load with the reference loader (a JSON tree) only, not the simdjson fast path\n"
     "               (same graph and errors, slower; for comparison)\n"
-    "  --pareto        print the memory/recompute frontier (JSON, as _core.pareto) instead of planning\n"
+    "  --frontier        print the memory/recompute frontier (JSON, as _core.frontier) instead of planning\n"
     "  --flow-network  print the auto min-cut's s-t network as DIMACS (as _core.flow_network)\n";
 
 // The whole file (a config or an operator table; the graph is read by
@@ -71,7 +71,7 @@ void write_plan(const hyper_ac::Graph& graph, const hyper_ac::PlanResult& result
 
 int main(int argc, char** argv) {
   std::string graph_path, config_path, table_path, out_path;
-  bool print = false, as_json = false, detail = false, timings = false, frontier = false, network = false, print_table = false;
+  bool print = false, as_json = false, detail = false, timings = false, print_frontier = false, network = false, print_table = false;
   hyper_ac::LoadOptions load_options;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
     else if (arg == "--out") out_path = value("--out");
     else if (arg == "--timings") timings = true;
     else if (arg == "--reference-loader") load_options.reference_loader = true;
-    else if (arg == "--pareto") frontier = true;
+    else if (arg == "--frontier") print_frontier = true;
     else if (arg == "--flow-network") network = true;
     else if (arg == "-h" || arg == "--help") { std::cout << kUsage; return 0; }
     else if (!arg.empty() && arg[0] == '-') { std::cerr << "hyper-ac-plan: unknown option " << arg << "\n" << kUsage; return 2; }
@@ -117,8 +117,8 @@ int main(int argc, char** argv) {
     std::cerr << kUsage;
     return 2;
   }
-  if ((frontier || network) && config_path.empty()) {
-    std::cerr << "hyper-ac-plan: --pareto and --flow-network need --config\n" << kUsage;
+  if ((print_frontier || network) && config_path.empty()) {
+    std::cerr << "hyper-ac-plan: --frontier and --flow-network need --config\n" << kUsage;
     return 2;
   }
   try {
@@ -134,8 +134,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     auto options = hyper_ac::parse_plan_options(read_file(config_path), table_json);
-    if (frontier) {
-      std::cout << hyper_ac::pareto_to_json(hyper_ac::pareto(loaded.graph, options)) << "\n";
+    if (print_frontier) {
+      std::cout << hyper_ac::frontier_to_json(hyper_ac::frontier(loaded.graph, options)) << "\n";
       return 0;
     }
     if (network) {

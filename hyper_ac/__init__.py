@@ -24,16 +24,21 @@ _LAZY = {
     "prepare_activation_checkpoint": ("hyper_ac.planning.passes", "prepare_activation_checkpoint"),
     "validate_for_model": ("hyper_ac.planning.passes", "validate_for_model"),
     "fit": ("hyper_ac.lower.fit", "fit"),
+    "frontier": ("hyper_ac.display.timeline", "frontier"),
     "load_config": ("hyper_ac.planning.config", "load_config"),
-    "pareto": ("hyper_ac.display.timeline", "pareto"),
     "plan": ("hyper_ac.planning.passes", "plan"),
 }
+
+# Old public names: a clear error instead of a bare AttributeError.
+_RENAMED = {"pareto": "frontier"}
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         module_name, attr = _LAZY[name]
         return getattr(importlib.import_module(module_name), attr)
+    if name in _RENAMED:
+        raise AttributeError(f"hyper_ac.{name} is now hyper_ac.{_RENAMED[name]} (one name per concept)")
     raise AttributeError(f"module 'hyper_ac' has no attribute {name!r}")
 
 

@@ -117,7 +117,7 @@ def dump(core_path: str, out: str) -> None:
                 run(f"{key} | oracle x{factor}",
                     lambda: [core.plan(graph, config, detail=True, peak_oracle=_oracle(factor, calls)), calls])
             run(f"{key} | split", lambda: list(core.plan_split(graph, config, detail=True)))
-            run(f"{key} | pareto", lambda: core.pareto(graph.decode(), config))
+            run(f"{key} | frontier", lambda: core.frontier(graph.decode(), config))
     Path(out).write_text(json.dumps({"graphs": len(graphs), "configs": len(configs), "record": record}))
 
 

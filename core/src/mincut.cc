@@ -796,19 +796,19 @@ FlowNetwork flow_network(const Graph& graph, const std::vector<Policy>& tags, co
   return solver.export_network(options.lambda);
 }
 
-ParetoResult pareto(const Graph& graph, const std::vector<Policy>& tags, const MinCutOptions& options,
-                    const ParetoOptions& sweep) {
-  return detail::pareto(graph, detail::NodeIndex(graph), tags, options, sweep);
+FrontierResult frontier_cuts(const Graph& graph, const std::vector<Policy>& tags, const MinCutOptions& options,
+                    const FrontierOptions& sweep) {
+  return detail::frontier_cuts(graph, detail::NodeIndex(graph), tags, options, sweep);
 }
 
-ParetoResult detail::pareto(const Graph& graph, const NodeIndex& index, const std::vector<Policy>& tags,
-                            const MinCutOptions& options, const ParetoOptions& sweep) {
+FrontierResult detail::frontier_cuts(const Graph& graph, const NodeIndex& index, const std::vector<Policy>& tags,
+                            const MinCutOptions& options, const FrontierOptions& sweep) {
   auto start = std::chrono::steady_clock::now();
   if (!(std::isfinite(sweep.lambda_min) && std::isfinite(sweep.lambda_max) && sweep.lambda_min >= 0.0 &&
         sweep.lambda_min <= sweep.lambda_max))
-    throw std::invalid_argument("pareto: need 0 <= lambda_min <= lambda_max, got " +
+    throw std::invalid_argument("frontier_cuts: need 0 <= lambda_min <= lambda_max, got " +
                                 format_double(sweep.lambda_min) + " and " + format_double(sweep.lambda_max));
-  if (sweep.max_solves < 2) throw std::invalid_argument("pareto: max_solves must be >= 2");
+  if (sweep.max_solves < 2) throw std::invalid_argument("frontier_cuts: max_solves must be >= 2");
   Solver solver(graph, index, tags, options);
   std::vector<Cut> cuts;
   cuts.push_back(solver.solve(sweep.lambda_min));
@@ -844,7 +844,7 @@ ParetoResult detail::pareto(const Graph& graph, const NodeIndex& index, const st
     work.emplace_back(a, c);
     work.emplace_back(c, b);
   }
-  ParetoResult result;
+  FrontierResult result;
   result.solves = solves;
   result.complete = work.empty();
   std::sort(cuts.begin(), cuts.end(), [](const Cut& x, const Cut& y) { return x.lambda > y.lambda; });

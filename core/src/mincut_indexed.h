@@ -12,11 +12,11 @@
 namespace hyper_ac {
 namespace detail {
 
-// mincut.h's solve_min_cut and pareto with a prebuilt index.
+// mincut.h's solve_min_cut and frontier_cuts with a prebuilt index.
 MinCutResult solve_min_cut(const Graph& graph, const NodeIndex& index, const std::vector<Policy>& tags,
                            const MinCutOptions& options);
-ParetoResult pareto(const Graph& graph, const NodeIndex& index, const std::vector<Policy>& tags,
-                    const MinCutOptions& options, const ParetoOptions& sweep = {});
+FrontierResult frontier_cuts(const Graph& graph, const NodeIndex& index, const std::vector<Policy>& tags,
+                    const MinCutOptions& options, const FrontierOptions& sweep = {});
 
 }  // namespace detail
 }  // namespace hyper_ac

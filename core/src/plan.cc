@@ -394,16 +394,16 @@ PlanResult plan(const Graph& graph, const PlanOptions& options) {
   return result;
 }
 
-std::vector<Evaluation> pareto(const Graph& graph, const PlanOptions& options) {
+std::vector<Evaluation> frontier(const Graph& graph, const PlanOptions& options) {
   StageOptions stages;
   Scope scope;
   const detail::NodeIndex index(graph);
   const TagResult tags = auto_tags(graph, index, options, stages, &scope);
-  ParetoResult frontier = detail::pareto(graph, index, tags.policies, stages.mincut);
+  FrontierResult cuts = detail::frontier_cuts(graph, index, tags.policies, stages.mincut);
   std::vector<Evaluation> points;
   const RematOptions schedule = unit_schedule(scope);
   SecondsCache seconds;
-  for (const auto& point : frontier.points) {
+  for (const auto& point : cuts.points) {
     points.push_back(evaluate_indexed(graph, index, point.policies, stages.cost, schedule, nullptr, &seconds));
     points.back().lambda = point.lambda;
   }
@@ -430,7 +430,7 @@ Evaluation score_recompute_set(const Graph& graph, const std::vector<std::int32_
   return evaluate(graph, policies, cost);
 }
 
-std::string pareto_to_json(const std::vector<Evaluation>& points) {
+std::string frontier_to_json(const std::vector<Evaluation>& points) {
   json out = json::array();
   for (const auto& p : points)
     out.push_back({{"lambda", p.lambda},

@@ -32,7 +32,7 @@ std::int64_t budget_target(const Graph& graph, const MemoryBudget& budget, const
 // The budget's choice for a simulated target: the first frontier point whose
 // scored figure fits, then the descent (choose_within_budget's rule). None: no point fits.
 std::optional<Evaluation> choose_on_frontier(const Graph& graph, const detail::NodeIndex& index,
-                                             const StageOptions& stages, const ParetoResult& frontier,
+                                             const StageOptions& stages, const FrontierResult& frontier,
                                              std::int64_t target, PlanResult& result, SecondsCache& seconds) {
   const Scope& scope = result.scope;
   const RematOptions schedule = unit_schedule(scope);
@@ -135,10 +135,10 @@ Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& ind
   const Scope& scope = result.scope;
   const std::int64_t target = budget_target(graph, config.mincut.memory_budget, all_saved, scope);
   result.stats.budget_bytes = target;
-  ParetoResult frontier;
+  FrontierResult frontier;
   {
     ScopedTimer timer(result.timings.mincut_seconds);
-    frontier = detail::pareto(graph, index, result.tags.policies, stages.mincut);
+    frontier = detail::frontier_cuts(graph, index, result.tags.policies, stages.mincut);
   }
   Evaluation chosen;
   bool met = false, any = false;
@@ -193,7 +193,7 @@ Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& ind
   }
   if (!frontier.complete)
     result.diagnostics.push_back({Severity::Info, -1,
-                                  "Pareto search stopped after " + std::to_string(frontier.solves) +
+                                  "frontier search stopped after " + std::to_string(frontier.solves) +
                                       " max-flow solves; the budget plan may not be the least-recompute one"});
   search.frontier = std::move(frontier);
   return chosen;

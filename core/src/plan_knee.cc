@@ -34,7 +34,7 @@ constexpr std::size_t kKneeDescentCaps = 4;
 // target). Bisecting the target between the two peaks finds the least one
 // whose descended plan comes within the allowance.
 KneeDescent descend_past_allowance(const Graph& graph, const detail::NodeIndex& index, const StageOptions& stages,
-                                   const ParetoResult& frontier, const std::vector<PointFigures>& figures,
+                                   const FrontierResult& frontier, const std::vector<PointFigures>& figures,
                                    double allowance, const RematOptions& schedule, SecondsCache& seconds,
                                    PlanResult& result, Evaluation& chosen) {
   KneeDescent out;
@@ -73,10 +73,10 @@ KneeDescent descend_past_allowance(const Graph& graph, const detail::NodeIndex& 
 
 Evaluation choose_knee(const Graph& graph, const detail::NodeIndex& index, const StageOptions& stages,
                        PlanResult& result) {
-  ParetoResult frontier;
+  FrontierResult frontier;
   {
     ScopedTimer timer(result.timings.mincut_seconds);
-    frontier = detail::pareto(graph, index, result.tags.policies, stages.mincut);
+    frontier = detail::frontier_cuts(graph, index, result.tags.policies, stages.mincut);
   }
   const double base = step_seconds(graph, stages.cost);
   const double allowance = kKneeSlowdown * base;
@@ -120,7 +120,7 @@ Evaluation choose_knee(const Graph& graph, const detail::NodeIndex& index, const
            (within || !any ? "" : "; none within 2%: the least-recompute one") + ")"});
   if (!frontier.complete)
     result.diagnostics.push_back({Severity::Info, -1,
-                                  "Pareto search stopped after " + std::to_string(frontier.solves) +
+                                  "frontier search stopped after " + std::to_string(frontier.solves) +
                                       " max-flow solves; the knee is the best of the points found"});
   return chosen;
 }

@@ -120,13 +120,13 @@ Descent descend_within_budget(const Graph& graph, const detail::NodeIndex& index
 // What the budget's search leaves for a measured check (continue_budget_on_measured):
 // the frontier, the target, and which point the simulated choice came from.
 struct BudgetSearch {
-  ParetoResult frontier;
+  FrontierResult frontier;
   std::int64_t target = 0;
   std::int64_t resident_bytes = 0;  // the all-saved step's resident values (parameters, inputs, tangents)
   std::optional<std::size_t> chosen_point;  // frontier index of the chosen plan's point (before its descent)
 };
 
-// Budget mode: the least-recompute point of the Pareto frontier whose scored
+// Budget mode: the least-recompute point of the frontier whose scored
 // figure (scored_bytes: the simulated peak, or a unit graph's saved bytes)
 // fits, then the descent above; none fits -> the smallest figure (ties: the
 // lower peak), with a warning.

@@ -6,7 +6,8 @@
 * ``draw(gm, unit="layers.0")``: the picture alone (SVG through Graphviz ``dot``);
 * ``memory(captured, config)``: live bytes over the training step before vs
   after a plan, with its stats;
-* ``frontier(hyper_ac.pareto(...))``: the Pareto frontier as an inline plot.
+* ``frontier(graph, config)`` (also ``hyper_ac.frontier``): the memory / recompute
+  frontier across λ as an inline plot; ``Frontier(points)`` wraps a list of its points.
 
 Reads what the pass left on the nodes (``meta["recompute"]``,
 ``meta["ac_recomputed_from"]``, ``meta["ac_module_stack"]``) and the core's

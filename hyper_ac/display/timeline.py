@@ -1,4 +1,4 @@
-"""Memory over time for a plan, and the Pareto frontier, as inline figures.
+"""Memory over time for a plan, and the frontier, as inline figures.
 
 ``memory(captured, config)`` plans the captured graph (left as it is) and
 shows live activation bytes per step before vs after the rewrite, next to the
@@ -218,7 +218,17 @@ def memory(captured: Any, config: Any, *, model: Any = None, inputs: Optional[li
 
 
 class Frontier(list):
-    """``hyper_ac.pareto``'s points (a list of dicts) that plot themselves in Jupyter."""
+    """``hyper_ac.frontier``'s points (a list of dicts) that plot themselves in Jupyter.
+
+    ``Frontier(points)`` wraps a list of such points (e.g. read back from JSON)."""
+
+    def __init__(self, points: Sequence[Mapping[str, Any]] = ()):
+        if not isinstance(points, (list, tuple)) or any(not isinstance(p, Mapping) for p in points):
+            raise TypeError("Frontier() needs the list of points hyper_ac.frontier(...) returns")
+        missing = [k for k in ("lambda", "recompute_seconds", "simulated_peak_bytes") if points and k not in points[0]]
+        if missing:
+            raise ValueError(f"Frontier() points lack {missing}; pass what hyper_ac.frontier(...) returns")
+        super().__init__(points)
 
     def figure(self) -> Any:
         """A matplotlib Figure: saved-for-backward bytes and simulated peak against recompute cost."""
@@ -236,7 +246,7 @@ class Frontier(list):
         ax.set_xlabel("recompute cost (µs, roofline estimate)")
         ax.set_ylabel(unit)
         ax.set_ylim(bottom=0)
-        ax.set_title("Memory vs recompute cost across λ (Pareto frontier)", fontsize=11)
+        ax.set_title("Memory vs recompute cost across λ (frontier)", fontsize=11)
         ax.grid(True, alpha=0.3)
         ax.legend(loc="upper right", fontsize=9)
         fig.tight_layout()
@@ -252,31 +262,24 @@ class Frontier(list):
         return f"<div>{_figure_svg(self.figure())}{table}</div>"
 
 
-def frontier(points: Sequence[Mapping[str, Any]]) -> Frontier:
-    """Wrap ``hyper_ac.pareto(...)``'s list so it plots inline."""
-    if not isinstance(points, (list, tuple)) or any(not isinstance(p, Mapping) for p in points):
-        raise TypeError("frontier() needs the list hyper_ac.pareto(...) returns")
-    missing = [k for k in ("lambda", "recompute_seconds", "simulated_peak_bytes") if points and k not in points[0]]
-    if missing:
-        raise ValueError(f"frontier() points lack {missing}; pass what hyper_ac.pareto(...) returns")
-    return Frontier(points)
-
-
-def pareto(graph: Union[fx.GraphModule, str, Mapping[str, Any]], config: Any = None, *, model: Any = None,
-           plot: Optional[str] = None):
+def frontier(graph: Union[fx.GraphModule, str, Mapping[str, Any]], config: Any = None, *, model: Any = None,
+             plot: Optional[str] = None) -> Frontier:
     """The saved-bytes / recompute-cost frontier across λ (min-cut modes); ``graph`` as for :func:`plan`.
 
-    Returns a :class:`Frontier`: the list of points (dicts),
-    which draws itself inline in Jupyter."""
-    from hyper_ac.planning.passes import pareto_points
+    Returns a :class:`Frontier`: the list of points (dicts), which draws
+    itself inline in Jupyter. ``plot``: also write it to this image file."""
+    from hyper_ac.planning.passes import frontier_points
 
-    points = pareto_points(graph, config, model=model)
+    if isinstance(graph, (list, tuple)):
+        raise TypeError("hyper_ac.frontier(graph, config) plans a graph; to plot a list of points it returned, "
+                        "wrap it: hyper_ac.display.Frontier(points)")
+    points = frontier_points(graph, config, model=model)
     if plot:
-        _plot_pareto(points, plot)
+        _plot_frontier(points, plot)
     return Frontier(points)
 
 
-def _plot_pareto(points: list, path: str) -> None:
+def _plot_frontier(points: list, path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -288,7 +291,7 @@ def _plot_pareto(points: list, path: str) -> None:
     ax.plot(xs, ys, marker="o")
     ax.set_xlabel("recompute cost (ms, roofline)")
     ax.set_ylabel("simulated peak (MiB)")
-    ax.set_title("hyper_ac Pareto frontier")
+    ax.set_title("hyper_ac frontier")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

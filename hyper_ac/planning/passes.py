@@ -3,7 +3,7 @@
 Every save/recompute decision is the core's (``hyper_ac._core.plan``);
 :func:`plan` hands the graph over and returns the plan
 (:class:`hyper_ac.lower.checkpoint_pass.ActivationCheckpointPass` applies it),
-:func:`pareto_points` asks the core for the saved-bytes / recompute-cost frontier.
+:func:`frontier_points` asks the core for the saved-bytes / recompute-cost frontier.
 :func:`prepare_activation_checkpoint` is the step every route takes before
 it traces: the adapter hook, then the model-dependent config checks
 (:func:`validate_for_model`).
@@ -27,7 +27,7 @@ from hyper_ac.planning.config import Config, load_config, op_policy_json
 
 _LOG = logging.getLogger("hyper_ac")
 
-__all__ = ["PassResult", "Prepared", "plan", "pareto_points", "prepare_activation_checkpoint", "validate_for_model"]
+__all__ = ["PassResult", "Prepared", "plan", "frontier_points", "prepare_activation_checkpoint", "validate_for_model"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,10 +232,10 @@ def plan(graph: Union[fx.GraphModule, str, bytes, Mapping[str, Any]], config: An
                           split=split_doc)
 
 
-def pareto_points(graph: Union[fx.GraphModule, str, Mapping[str, Any]], config: Any = None, *, model: Any = None
-                  ) -> list:
+def frontier_points(graph: Union[fx.GraphModule, str, Mapping[str, Any]], config: Any = None, *, model: Any = None
+                    ) -> list:
     """The saved-bytes / recompute-cost frontier across λ (min-cut modes), the core's points as dicts;
-    ``graph`` as for :func:`plan`. ``hyper_ac.pareto`` (:func:`hyper_ac.display.timeline.pareto`) wraps them
+    ``graph`` as for :func:`plan`. ``hyper_ac.frontier`` (:func:`hyper_ac.display.timeline.frontier`) wraps them
     in a list that plots itself."""
     cfg = load_config(config if config is not None else {"ac_mode": "auto"})
-    return json.loads(_core.pareto(_graph_json(graph, model, "pareto", cfg), cfg.json_for(model), op_policy_json()))
+    return json.loads(_core.frontier(_graph_json(graph, model, "frontier", cfg), cfg.json_for(model), op_policy_json()))

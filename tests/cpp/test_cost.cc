@@ -205,7 +205,7 @@ TEST_CASE("auto under hardware: measured takes the knee: least peak within 2% of
     const double base = step_seconds(graph, cost);
     CHECK(result.stats.step_seconds == Approx(base));
     CHECK(result.stats.knee_allowance_seconds == Approx(kKneeSlowdown * base));
-    const std::vector<Evaluation> points = pareto(graph, options);
+    const std::vector<Evaluation> points = frontier(graph, options);
     REQUIRE(points.size() >= 3);
     CHECK(result.stats.knee_points == points.size());
     CHECK(result.stats.recompute_seconds <= kKneeSlowdown * base);
@@ -225,7 +225,7 @@ TEST_CASE("auto under hardware: measured takes the knee: least peak within 2% of
     const Graph graph = timed_blocks(3, 1e-3, 1.0);
     const PlanOptions options = measured_auto();
     const PlanResult result = plan(graph, options);
-    const std::vector<Evaluation> points = pareto(graph, options);
+    const std::vector<Evaluation> points = frontier(graph, options);
     CHECK(result.stats.simulated_peak_after == least_peak_within(points, 1e30));
   }
   SECTION("the roofline profiles keep auto's single cut and write no knee") {
@@ -249,7 +249,7 @@ TEST_CASE("the knee finds cuts between frontier points: descended within a peak,
       const PlanOptions options = measured_auto();
       const PlanResult result = plan(graph, options);
       const double allowance = result.stats.knee_allowance_seconds;
-      const std::vector<Evaluation> points = pareto(graph, options);
+      const std::vector<Evaluation> points = frontier(graph, options);
       INFO("mm " << mm << " s, backward mm " << backward_mm << " s");
       CHECK(result.stats.recompute_seconds <= allowance);
       const std::int64_t walk = least_peak_within(points, allowance);

@@ -287,11 +287,11 @@ TEST_CASE("an MLP's saved set follows lambda", "[mincut]") {
     }
   }
 
-  SECTION("the Pareto frontier finds exactly the three cuts") {
-    ParetoOptions sweep;
+  SECTION("the frontier finds exactly the three cuts") {
+    FrontierOptions sweep;
     sweep.lambda_min = 1e6;
     sweep.lambda_max = 1e16;
-    ParetoResult frontier = pareto(g, tags, gpu(1e10), sweep);
+    FrontierResult frontier = frontier_cuts(g, tags, gpu(1e10), sweep);
     CHECK(frontier.complete);
     CHECK(frontier.solves <= 5);
     const auto& points = frontier.points;
@@ -346,7 +346,7 @@ TEST_CASE("an RNG op is never recomputed, at any lambda", "[mincut]") {
       CHECK(std::find(recomputed.begin(), recomputed.end(), "drop") == recomputed.end());
       CHECK(r.policies[static_cast<std::size_t>(net.at("drop"))] == Policy::MustSave);
     }
-    for (const auto& point : pareto(g, tags, gpu(1.0)).points) {
+    for (const auto& point : frontier_cuts(g, tags, gpu(1.0)).points) {
       auto recomputed = net.names(point.recomputed);
       CHECK(std::find(recomputed.begin(), recomputed.end(), "drop") == recomputed.end());
     }
@@ -476,10 +476,10 @@ TEST_CASE("min-cut rejects bad arguments", "[mincut][errors]") {
   MinCutOptions zero = gpu(1);
   zero.cost.hardware.memory_bandwidth = 0;
   CHECK_THROWS_AS(solve_min_cut(g, tags, zero), std::invalid_argument);
-  ParetoOptions backwards;
+  FrontierOptions backwards;
   backwards.lambda_min = 10;
   backwards.lambda_max = 1;
-  CHECK_THROWS_AS(pareto(g, tags, gpu(1), backwards), std::invalid_argument);
+  CHECK_THROWS_AS(frontier_cuts(g, tags, gpu(1), backwards), std::invalid_argument);
 }
 
 namespace {
@@ -783,10 +783,10 @@ TEST_CASE("random DAGs: the cut obeys every rule and matches brute force", "[min
     // The frontier holds the optimum for every lambda in its range.
     if (round % 5 == 0) {
       MinCutOptions neutral = gpu(1.0);
-      ParetoOptions sweep;
+      FrontierOptions sweep;
       sweep.lambda_min = 1e6;
       sweep.lambda_max = 1e14;
-      ParetoResult frontier = pareto(g, rc.tags, neutral, sweep);
+      FrontierResult frontier = frontier_cuts(g, rc.tags, neutral, sweep);
       CHECK(frontier.complete);
       for (double lambda : {1e6, 3e7, 1e9, 2e10, 7e10, 4e11, 1e13, 1e14}) {
         neutral.lambda = lambda;
@@ -901,10 +901,10 @@ TEST_CASE("1M-node layered graph timing", "[.bench]") {
                 << ", max flow " << r.stats.max_flow << "\n";
     }
   }
-  ParetoOptions sweep;
+  FrontierOptions sweep;
   sweep.max_solves = 16;
-  ParetoResult frontier = pareto(g, tags, gpu(1e10), sweep);
-  std::cout << "pareto: " << frontier.points.size() << " points from " << frontier.solves << " solves in "
+  FrontierResult frontier = frontier_cuts(g, tags, gpu(1e10), sweep);
+  std::cout << "frontier_cuts: " << frontier.points.size() << " points from " << frontier.solves << " solves in "
             << frontier.solve_seconds << " s (complete: " << frontier.complete << ")\n";
   // One evaluation (plan_remat + simulate_memory + cost), what each step of
   // budget mode's descent costs (descent_cap, plan_search.h: 33 of them at most on 1M nodes).
@@ -1200,8 +1200,8 @@ TEST_CASE("extreme accepted floats give finite capacities and the optimal cut", 
     CHECK(flow.infinite_capacity > 0);
     CHECK(flow.max_flow < flow.infinite_capacity);
   }
-  // The pareto sweep over the same graph stays finite too.
-  ParetoResult frontier = pareto(g, tags, options);
+  // The frontier sweep over the same graph stays finite too.
+  FrontierResult frontier = frontier_cuts(g, tags, options);
   for (const auto& p : frontier.points) CHECK(std::isfinite(p.objective));
   // FLOP totals saturate at the largest double instead of becoming infinite.
   std::vector<Policy> all(g.nodes.size(), Policy::None);

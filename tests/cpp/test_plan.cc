@@ -88,8 +88,8 @@ TEST_CASE("budget: met at several fractions, no more recompute than the fitting 
   const auto b = activation_heavy(4);
   const Graph graph = b.graph();
   const auto activations = static_cast<double>(summarize(graph).activation_bytes_read_by_backward);
-  const auto frontier = pareto(graph, budget_options(0.5));
-  REQUIRE(frontier.size() >= 3);
+  const auto points = frontier(graph, budget_options(0.5));
+  REQUIRE(points.size() >= 3);
   std::set<double> chosen;  // recompute seconds of the chosen plans: more than one point must be exercised
   std::int64_t last_budget = -1, first_budget = -1;
   for (double f : {0.2, 0.35, 0.5, 0.65, 0.8, 0.95}) {
@@ -102,7 +102,7 @@ TEST_CASE("budget: met at several fractions, no more recompute than the fitting 
     CHECK(r.stats.budget_bytes > last_budget);
     last_budget = r.stats.budget_bytes;
     double least = std::numeric_limits<double>::infinity();
-    for (const auto& p : frontier)
+    for (const auto& p : points)
       if (p.simulated_peak_bytes <= r.stats.budget_bytes) least = std::min(least, p.recompute_seconds);
     if (!std::isfinite(least)) {
       CHECK_FALSE(r.stats.budget_met);
@@ -130,11 +130,11 @@ TEST_CASE("budget: met at several fractions, no more recompute than the fitting 
 TEST_CASE("a budget past 2^63 bytes means no limit: the cheapest plan", "[plan][budget][numeric]") {
   const auto b = activation_heavy(4);
   const Graph graph = b.graph();
-  const auto frontier = pareto(graph, budget_options(0.5));
-  REQUIRE(frontier.size() >= 2);
+  const auto points = frontier(graph, budget_options(0.5));
+  REQUIRE(points.size() >= 2);
   double cheapest = std::numeric_limits<double>::infinity(), smallest_peak_seconds = 0;
   std::int64_t smallest_peak = std::numeric_limits<std::int64_t>::max();
-  for (const auto& p : frontier) {
+  for (const auto& p : points) {
     cheapest = std::min(cheapest, p.recompute_seconds);
     if (p.simulated_peak_bytes < smallest_peak) {
       smallest_peak = p.simulated_peak_bytes;
@@ -780,11 +780,11 @@ TEST_CASE("peak oracle: budget goes on down the frontier until the measured peak
   const PlanResult simulated = plan(graph, simulated_options);
   REQUIRE(simulated.stats.budget_met);
   const double threshold = simulated.stats.recompute_seconds;
-  const auto frontier = pareto(graph, simulated_options);
+  const auto points = frontier(graph, simulated_options);
   // The compiler holds more than simulated: only plans that recompute more than the simulated
   // choice fit (monotone along the frontier, which is ordered least recompute first).
   double least = std::numeric_limits<double>::infinity();
-  for (const auto& p : frontier)
+  for (const auto& p : points)
     if (p.recompute_seconds > threshold * (1 + 1e-9)) least = std::min(least, p.recompute_seconds);
   REQUIRE(std::isfinite(least));
   auto recompute_of = [](const std::string& text) {

@@ -186,16 +186,23 @@ def test_memory_refuses_a_rewritten_graph(rewritten):
 
 
 def test_frontier_plots_inline(captured):
-    points = hyper_ac.pareto(captured.graph_module, {"ac_mode": "auto"}, model=captured.model)
-    assert isinstance(points, display.Frontier)  # pareto's list plots itself inline
+    points = hyper_ac.frontier(captured.graph_module, {"ac_mode": "auto"}, model=captured.model)
+    assert isinstance(points, display.Frontier)  # the frontier's list plots itself inline
+    assert display.frontier is hyper_ac.frontier
     assert points._repr_html_().count("<tr>") == len(points) + 1
-    frontier = display.frontier(points)
+    frontier = display.Frontier(list(points))  # points read back as a plain list plot again
     assert frontier == points
     lines = [line for line in frontier.figure().axes[0].get_lines() if not line.get_label().startswith("_")]
     assert [len(line.get_xdata()) for line in lines] == [len(points), len(points)]
     assert frontier._repr_html_().count("<tr>") == len(points) + 1
-    with pytest.raises(TypeError, match="pareto"):
-        display.frontier("points")
+    with pytest.raises(TypeError, match="Frontier"):
+        display.Frontier("points")
+    with pytest.raises(ValueError, match="lack"):
+        display.Frontier([{"lambda": 1.0}])
+    with pytest.raises(TypeError, match=r"display\.Frontier\(points\)"):
+        hyper_ac.frontier(list(points))
+    with pytest.raises(AttributeError, match="hyper_ac.frontier"):
+        hyper_ac.pareto  # the old name says where it went
 
 
 def test_bad_arguments(rewritten):

@@ -298,10 +298,10 @@ def test_plan_takes_a_graph_module_json_text_or_dict_alike(captured):
         hyper_ac.plan(42, "auto")
 
 
-def test_pareto_frontier_is_monotone():
+def test_frontier_is_monotone():
     model = models.build("transformer")
     gm = capture_joint(model, **models.example_batch("transformer")).graph_module
-    points = hyper_ac.pareto(gm, {"ac_mode": "auto"}, model=model)
+    points = hyper_ac.frontier(gm, {"ac_mode": "auto"}, model=model)
     assert len(points) >= 2
     costs = [p["recompute_seconds"] for p in points]
     saved = [p["saved_bytes"] for p in points]

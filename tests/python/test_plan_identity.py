@@ -20,7 +20,7 @@ The decisions (``tests/data/plan_decisions.json``) are checked on their own,
 part by part: per-node policies, duplicates with their insertion points,
 redirects, erasures, the saved set, the replayed random ops, the route
 (rewrite or hand the graph to stock) and, per graph and config, the
-saved-bytes / recompute frontier (``_core.pareto``). A restructure that
+saved-bytes / recompute frontier (``_core.frontier``). A restructure that
 changes the plan document (a new field, a reworded message) regenerates the
 hashes above, never this fixture: it is what proves no decision changed.
 Regenerate it (``HYPER_AC_UPDATE_DECISIONS=1``) only for a change that is
@@ -175,9 +175,9 @@ def _decisions(core, planned) -> dict:
     out["route"] = plan["route"]  # the core's (recorded before it was: the backend's rule, no stock comparison)
     out["counts"] = [len(policies), len(plan["duplicates"]), len(plan["saved"])]
     try:
-        out["pareto"] = _digest(json.loads(core.pareto(graph, cfg_json, op_policy_json())))
+        out["frontier"] = _digest(json.loads(core.frontier(graph, cfg_json, op_policy_json())))
     except (ValueError, RuntimeError, ConfigError) as error:
-        out["pareto"] = f"error:{type(error).__name__}"
+        out["frontier"] = f"error:{type(error).__name__}"
     return out
 
 

@@ -57,7 +57,7 @@ def test_torch_partitioner_never_beats_the_frontier(name):
     elided = {e["node"] for e in auto_plan.get("elided_copies", [])}
     torch_set = [n for n in _torch_recompute_set(captured, doc) if n not in elided]
     torch_score = _core.score_recompute_set(graph_json, torch_set, cfg)
-    frontier = json.loads(_core.pareto(graph_json, cfg, op_policy_json()))
+    frontier = json.loads(_core.frontier(graph_json, cfg, op_policy_json()))
     hull = _hull_bytes_at(frontier, torch_score["recompute_seconds"])
     assert hull <= torch_score["saved_bytes"], (
         f"{name}: PyTorch saves {torch_score['saved_bytes']} B at {torch_score['recompute_seconds']:.3g} s, "

@@ -105,7 +105,7 @@ struct MinCutResult {
 MinCutResult solve_min_cut(const Graph& graph, const std::vector<Policy>& tags, const MinCutOptions& options = {});
 
 // Lambda sweep for the memory/recompute trade-off (budget mode).
-struct ParetoOptions {
+struct FrontierOptions {
   // Range of lambda searched (bytes per second of recompute). At lambda_min
   // recomputing is almost free (least memory); at lambda_max it is almost
   // never worth it (least recompute).
@@ -116,11 +116,11 @@ struct ParetoOptions {
   std::size_t max_solves = 64;
 };
 
-struct ParetoResult {
+struct FrontierResult {
   // Distinct optimal cuts, sorted by lambda descending: recompute seconds
   // ascending, saved bytes descending (the first point recomputes least).
   // Each point is one cut, as solve_min_cut returns it at that point's lambda
-  // (solve_seconds 0: the sweep's wall time is ParetoResult::solve_seconds).
+  // (solve_seconds 0: the sweep's wall time is FrontierResult::solve_seconds).
   std::vector<MinCutResult> points;
   std::size_t solves = 0;      // max-flow solves made
   bool complete = true;        // false when max_solves stopped the search early
@@ -134,8 +134,8 @@ struct ParetoResult {
 // in plan.h); plan() then descends from it towards less recompute within the
 // budget (docs/mincut.md). Throws as
 // solve_min_cut, and std::invalid_argument on a bad range.
-ParetoResult pareto(const Graph& graph, const std::vector<Policy>& tags, const MinCutOptions& options = {},
-                    const ParetoOptions& sweep = {});
+FrontierResult frontier_cuts(const Graph& graph, const std::vector<Policy>& tags, const MinCutOptions& options = {},
+                    const FrontierOptions& sweep = {});
 
 // The exact s-t network solve_min_cut builds for options.lambda, with the
 // integer capacities its max-flow solver uses, as DIMACS max-flow text

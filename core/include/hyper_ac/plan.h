@@ -21,7 +21,7 @@
 namespace hyper_ac {
 
 // `auto` under `hardware: measured` aims at the knee "least peak at <= 1.02x
-// step time": of the frontier's cuts (pareto over lambda), the one with the
+// step time": of the frontier's cuts (frontier_cuts over lambda), the one with the
 // least simulated peak whose recompute seconds are at most kKneeSlowdown x
 // the step's base seconds (cost.h step_seconds); ties: less recompute. Then
 // the gap to the next cut (past the allowance) is searched: that cut saved
@@ -253,8 +253,8 @@ Evaluation evaluate(const Graph& graph, const std::vector<Policy>& policies, con
 // The memory / recompute frontier under the config's scope and rules (any
 // mode: tags are taken as in `auto`): one evaluation per distinct min-cut over
 // lambda, least recompute first.
-std::vector<Evaluation> pareto(const Graph& graph, const PlanOptions& options);
-std::string pareto_to_json(const std::vector<Evaluation>& points);
+std::vector<Evaluation> frontier(const Graph& graph, const PlanOptions& options);
+std::string frontier_to_json(const std::vector<Evaluation>& points);
 
 // The s-t network the `auto` min-cut solves for this graph and config (tags as
 // in `auto`, the effective lambda), as DIMACS text (mincut.h).
