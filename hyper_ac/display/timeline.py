@@ -192,8 +192,10 @@ def memory(captured: Any, config: Any, *, model: Any = None, inputs: Optional[li
         raise ValueError("memory() needs the graph before the pass, but this one was already rewritten "
                          "(it has recomputed copies); pass the freshly captured graph")
     if not measure:
+        from hyper_ac.planning import plan_doc
+
         result = hyper_ac.plan(gm, cfg, model, timeline=True)
-        tl = result.plan["timeline"]
+        tl = plan_doc.timeline(result.plan)
         return MemoryTimeline(tl["before"], tl["after"], mode=cfg.mode, stats=result.stats,
                               source="simulated by the core (live activation bytes while each schedule step runs)",
                               boundary_before=tl["boundary_before"], boundary_after=tl["boundary_after"])

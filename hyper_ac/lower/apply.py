@@ -79,7 +79,7 @@ def _apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], tag_only: bool, rec
     # segment. A duplicate reads the latest duplicate of each input made before it.
     duplicate_of: dict[fx.Node, fx.Node] = {}
     duplicates: list[fx.Node] = []
-    for index, entry in enumerate(plan["duplicates"]):
+    for index, entry in enumerate(plan_doc.duplicates(plan)):
         original = node_named(entry["of"], "duplicate")
         before = node_named(entry["before"], "insertion point")
         private = {
@@ -96,7 +96,7 @@ def _apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], tag_only: bool, rec
         duplicates.append(duplicate)
     changed += duplicates
 
-    for entry in plan["redirects"]:
+    for entry in plan_doc.redirects(plan):
         consumer = node_named(entry["node"], "redirect")
         original = node_named(entry["input"], "redirect")
         if original not in duplicate_of:
@@ -115,10 +115,10 @@ def _apply_plan(gm: fx.GraphModule, plan: Mapping[str, Any], tag_only: bool, rec
     duplicates_of: dict[str, list[fx.Node]] = {}
     for duplicate in duplicates:
         duplicates_of.setdefault(fx_meta.recomputed_from(duplicate), []).append(duplicate)
-    for entry in plan.get("rng_replays", []):  # present only when non-empty
+    for entry in plan_doc.rng_replays(plan):  # present only when non-empty
         changed += _replay_random_op(gm, entry, node_named, duplicates_of)
 
-    for name in plan["erase"]:
+    for name in plan_doc.erase(plan):
         node = node_named(name, "erase")
         if node.users:
             raise ValueError(f"plan erases '{name}', which is still read by {[u.name for u in node.users]}")
@@ -170,7 +170,7 @@ def _elide_copies(gm: fx.GraphModule, plan: Mapping[str, Any], by_name: Optional
     if by_name is None:
         by_name = {node.name: node for node in gm.graph.nodes}
     erased = []
-    for entry in plan.get("elided_copies", []):  # present only when non-empty
+    for entry in plan_doc.elided_copies(plan):  # present only when non-empty
         copy, source = by_name.get(entry["node"]), by_name.get(entry["source"])
         if copy is None or source is None:
             missing = entry["node"] if copy is None else entry["source"]

@@ -115,8 +115,10 @@ def write_decisions(joint: fx.GraphModule, plan: Any) -> None:
     honours those tags); hyper_ac's tags carry none."""
     from torch.utils.checkpoint import CheckpointPolicy
 
+    from hyper_ac.planning import plan_doc
+
     by_name = {node.name: node for node in joint.graph.nodes}
-    recomputed = {entry["of"] for entry in plan["duplicates"]}
+    recomputed = {entry["of"] for entry in plan_doc.duplicates(plan)}
     for node in joint.graph.nodes:
         if node.op != "call_function":
             continue
@@ -126,7 +128,7 @@ def write_decisions(joint: fx.GraphModule, plan: Any) -> None:
             fx_meta.set_graph_id(node, None)
     for name in recomputed:
         fx_meta.set_policy(by_name[name], CheckpointPolicy.MUST_RECOMPUTE)
-    for name in plan["kept"]:
+    for name in plan_doc.kept(plan):
         node = by_name.get(name)
         if node is not None and node.op == "call_function":
             fx_meta.set_policy(node, CheckpointPolicy.MUST_SAVE)
@@ -195,11 +197,12 @@ class _PartitionStep:
         # Exact copies the core elided are removed on every route (the stock
         # partition included): what is left is the graph the core planned.
         from hyper_ac.lower.apply import apply_elided_copies
+        from hyper_ac.planning import plan_doc
 
-        if result.plan["route"] == "stock" or self.route == "tag" and not self.tag_only:
+        if plan_doc.route(result.plan) == "stock" or self.route == "tag" and not self.tag_only:
             return partition_as_planned(joint, result.plan, joint_inputs=joint_inputs, **kwargs)
         apply_elided_copies(joint, result.plan)
-        plan_json = {key: value for key, value in result.plan.items() if key != "elided_copies"}
+        plan_json = plan_doc.without_elided_copies(result.plan)
         if self.tag_only:
             apply_plan(joint, plan_json, tag_only=True)
             return stock_partition(joint, joint_inputs, **kwargs)
@@ -218,9 +221,10 @@ def partition_as_planned(joint: fx.GraphModule, plan: Any, *, joint_inputs: Any,
     the core pins for correctness; otherwise the plan's decisions as tags PyTorch's min-cut
     carries out. What Inductor's dry run measures a candidate by (hyper_ac.lower.oracle)."""
     from hyper_ac.lower.apply import apply_elided_copies
+    from hyper_ac.planning import plan_doc
 
     apply_elided_copies(joint, plan)
-    if plan["route"] == "stock":
+    if plan_doc.route(plan) == "stock":
         write_correctness_pins(joint, plan)
     else:
         write_decisions(joint, plan)

@@ -33,6 +33,7 @@ import torch
 import torch.fx as fx
 
 from hyper_ac import fx_meta
+from hyper_ac.planning import plan_doc
 
 __all__ = ["InductorDryRun", "dry_run_peak", "dry_running", "stubbed_kernels"]
 
@@ -211,15 +212,15 @@ class InductorDryRun:
         reason = why_not_measurable(forward, backward)
         if reason is not None:
             return self._cannot(plan, f"not measurable: {reason}", started)
-        patches = self._patches if plan["route"] != "stock" else (lambda is_backward: {})
-        token = _MEASURING.set(plan["route"])
+        patches = self._patches if plan_doc.route(plan) != "stock" else (lambda is_backward: {})
+        token = _MEASURING.set(plan_doc.route(plan))
         try:
             peak = dry_run_peak(forward, backward, patches)
         except Exception as error:  # the simulation stands; say why once
             return self._cannot(plan, f"the dry run failed: {type(error).__name__}: {error}", started)
         finally:
             _MEASURING.reset(token)
-        self.calls.append((plan["route"], peak, time.perf_counter() - started))
+        self.calls.append((plan_doc.route(plan), peak, time.perf_counter() - started))
         return peak
 
     def _cannot(self, plan: dict, why: str, started: float) -> int:
@@ -227,5 +228,5 @@ class InductorDryRun:
             warnings.warn(f"hyper_ac: Inductor's dry run cannot measure this graph's plans ({why}); the core's "
                           "simulation stands (peak_oracle: off skips the attempt)", stacklevel=2)
             self._warned = True
-        self.calls.append((plan["route"], -1, time.perf_counter() - started))
+        self.calls.append((plan_doc.route(plan), -1, time.perf_counter() - started))
         return -1

@@ -23,6 +23,7 @@ from torch import fx
 from hyper_ac import _core, fx_meta
 from hyper_ac._gc import paused_gc
 from hyper_ac.frontend.adapters import apply_adapter_hook
+from hyper_ac.planning import plan_doc
 from hyper_ac.planning.config import Config, load_config, op_policy_json
 
 _LOG = logging.getLogger("hyper_ac")
@@ -99,15 +100,15 @@ class PassResult:
 
     @property
     def stats(self) -> Mapping[str, Any]:
-        return self.plan.get("stats", {})
+        return plan_doc.stats(self.plan)
 
     @property
     def diagnostics(self) -> list:
-        return self.plan.get("diagnostics", [])
+        return plan_doc.diagnostics(self.plan)
 
     @property
     def saved(self) -> list[str]:
-        return list(self.plan.get("saved", []))
+        return list(plan_doc.saved(self.plan))
 
     def summary(self) -> str:
         s = self.stats

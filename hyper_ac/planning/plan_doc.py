@@ -15,7 +15,9 @@ from typing import Any, Iterator, Mapping
 
 from hyper_ac import _core
 
-__all__ = ["FORMAT", "VERSION", "check", "graph_ids", "is_compact", "pinned", "policies"]
+__all__ = ["FORMAT", "VERSION", "check", "diagnostics", "duplicates", "elided_copies", "erase", "graph_ids",
+           "is_compact", "kept", "pinned", "policies", "redirects", "rng_replays", "route", "route_reason", "saved",
+           "stats", "timeline", "without_elided_copies"]
 
 FORMAT = "hyper_ac.plan"
 #: The plan format version this build reads and writes (``kPlanFormatVersion``).
@@ -61,3 +63,83 @@ def pinned(plan: Mapping[str, Any]) -> set[str]:
         return set(plan["pinned"])
     correctness = set(_core.correctness_reasons())
     return {name for name, reason in plan["reasons"].items() if reason in correctness}
+
+
+# The other top-level keys, the same in both forms. Every module outside this one reads a
+# plan document through these (tests/python/test_plan_doc.py scans for literal keys).
+
+
+def route(plan: Mapping[str, Any]) -> str:
+    """``"rewrite"`` (carry the plan out) or ``"stock"`` (hand the graph unchanged to the stock partition). Always present."""
+    return plan["route"]
+
+
+def route_reason(plan: Mapping[str, Any]) -> str:
+    """Why the core chose :func:`route`, one stable word (``off``, ``no_units``, ``stock_not_worse``,
+    ``nothing_recomputed``; ``recomputes``, ``user_tagged``). Always present."""
+    return plan["route_reason"]
+
+
+def duplicates(plan: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``[{"of", "before", "private_get_attrs"}]`` in schedule order: each duplicates node ``of``, inserted
+    in front of node ``before``. Always present (empty when nothing is recomputed)."""
+    return plan["duplicates"]
+
+
+def redirects(plan: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``[{"node", "input", "duplicate"}]``: backward node ``node`` reads duplicate #``duplicate`` of ``input``
+    (-1: the latest made before ``node``). Always present."""
+    return plan["redirects"]
+
+
+def erase(plan: Mapping[str, Any]) -> list[str]:
+    """Originals left with no reader once the redirects are applied, safe to erase in list order. Always present."""
+    return plan["erase"]
+
+
+def kept(plan: Mapping[str, Any]) -> list[str]:
+    """The call_function values of :func:`saved` the plan decided (what the Inductor route tags
+    ``MUST_SAVE``), graph order. Always present."""
+    return plan["kept"]
+
+
+def saved(plan: Mapping[str, Any]) -> list[str]:
+    """Forward values the rewritten backward reads, graph order, then the replay states.
+    Always present in a plan; empty for the empty plan of mode ``off`` (``PassResult("off", {})``)."""
+    return plan.get("saved", [])
+
+
+def rng_replays(plan: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``[{"of", "state", "state_bytes"}]``, one per duplicated random op, graph order.
+    Optional: present only when non-empty, so an absent key reads as ``[]``."""
+    return plan.get("rng_replays", [])
+
+
+def elided_copies(plan: Mapping[str, Any]) -> list[dict[str, str]]:
+    """``[{"node", "source"}]``, the exact copies the core's loader removed, graph order.
+    Optional: present only when non-empty, so an absent key reads as ``[]``."""
+    return plan.get("elided_copies", [])
+
+
+def without_elided_copies(plan: Mapping[str, Any]) -> dict[str, Any]:
+    """A shallow copy of ``plan`` without :func:`elided_copies` (for a graph they were already applied to)."""
+    return {key: value for key, value in plan.items() if key != "elided_copies"}
+
+
+def stats(plan: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The core's statistics (``{name: number}``; the names are the core's).
+    Always present in a plan; empty for the empty plan of mode ``off``."""
+    return plan.get("stats", {})
+
+
+def diagnostics(plan: Mapping[str, Any]) -> list[dict[str, str]]:
+    """``[{"level", "message"}]``, the core's warnings and notes.
+    Always present in a plan; empty for the empty plan of mode ``off``."""
+    return plan.get("diagnostics", [])
+
+
+def timeline(plan: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``{"before", "after", "boundary_before", "boundary_after", "units"}``, the simulated live activation
+    bytes per schedule step. Optional: present only when asked for (``hyper_ac.plan(..., timeline=True)``);
+    ``KeyError`` otherwise."""
+    return plan["timeline"]
