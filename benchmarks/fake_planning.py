@@ -91,7 +91,7 @@ def predict(name: str, spec: ModelSpec, modes=MODES) -> list[dict]:
     for mode in modes:
         cfg = _config(mode if mode != "off" else "full")
         stats = hyper_ac.plan(graph_json, cfg, captured.model).stats
-        predicted = stats["simulated_activation_peak_before" if mode == "off" else "simulated_activation_peak_after"]
+        predicted = stats["simulated_activation_peak_autograd" if mode == "off" else "simulated_activation_peak_after"]
         trained = copy.deepcopy(model)
         if mode == "off":
             run = trained

@@ -139,6 +139,7 @@ std::string value_error(int field, const Node& node) {
     case fMeasuredSeconds: return "field 'measured_seconds' must be a finite number >= 0 (or null)";
     case fRngStateBytes: return "field 'rng_state_bytes' must be >= 0";
     case fAcGraphId: return "'ac_graph_id' must be >= 0 (or null)";
+    case fAutogradNode: return "'autograd_node' must be >= 0 (or null)";
     default: return "";
   }
 }
@@ -154,6 +155,8 @@ std::string check_node(const Node& node, std::uint32_t given, std::uint32_t keys
     return "'copy' marks an exact copy of one input: only on a call_function node with exactly one input";
   if (node.backward_output && (node.phase != Phase::Forward || node.kind == NodeKind::Output))
     return "'backward_output' marks a forward value the backward returns: only on a forward node other than the output";
+  if (node.autograd_node >= 0 && (node.phase != Phase::Backward || node.kind != NodeKind::CallFunction))
+    return "'autograd_node' names the eager autograd node a backward op runs in: only on a backward call_function";
   return "";
 }
 

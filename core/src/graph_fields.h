@@ -80,7 +80,9 @@ enum class Kind : std::uint8_t {
   X(Opaque, "opaque", Bool, false, "false", opaque, false, "opaque",                                                  \
     "a non-tensor object (DeviceMesh, ProcessGroup): no bytes, never recomputed")                                    \
   X(BackwardOutput, "backward_output", Bool, false, "false", backward_output, false, "backward_output",               \
-    "the backward returns this forward value as it is: only on a forward node other than the output")
+    "the backward returns this forward value as it is: only on a forward node other than the output")                 \
+  X(AutogradNode, "autograd_node", Int, false, "null", autograd_node, false, "",                                      \
+    "an integer >= 0: the eager autograd node (seq_nr) a backward op runs in; only on backward nodes")
 
 enum Field : int {
 #define HYPER_AC_FIELD_ENUM(field, ...) f##field,
@@ -137,6 +139,7 @@ inline bool value_ok(int field, const Node& node) {
     case fMeasuredSeconds: return node.measured_seconds >= 0.0 && node.measured_seconds <= 1.0e300;  // finite
     case fRngStateBytes: return node.rng_state_bytes >= 0;
     case fAcGraphId: return node.ac_graph_id >= 0;
+    case fAutogradNode: return node.autograd_node >= 0;
     default: return true;
   }
 }

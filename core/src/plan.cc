@@ -293,6 +293,15 @@ void run_plan(const Graph& graph, const PlanOptions& options, PlanResult& result
   {
     ScopedTimer timer(result.timings.simulate_seconds);
     before = detail::simulate_memory(graph, index, nullptr, {});
+    result.stats.simulated_activation_peak_autograd = before.peak_bytes;
+    const bool grouped = std::any_of(graph.nodes.begin(), graph.nodes.end(),
+                                     [](const Node& node) { return node.autograd_node >= 0; });
+    if (grouped) {
+      SimulateOptions autograd;
+      autograd.autograd_lifetimes = true;
+      result.stats.simulated_activation_peak_autograd =
+          detail::simulate_memory(graph, index, nullptr, autograd).peak_bytes;
+    }
   }
   result.stats.simulated_peak_before = before.peak_bytes_with_resident;
   result.stats.simulated_activation_peak_before = before.peak_bytes;

@@ -166,6 +166,7 @@ std::vector<Field> stats_fields(const PlanResult& result) {
       signed_field("simulated_peak_after", ps.simulated_peak_after),
       signed_field("simulated_activation_peak_before", ps.simulated_activation_peak_before),
       signed_field("simulated_activation_peak_after", ps.simulated_activation_peak_after),
+      signed_field("simulated_activation_peak_autograd", ps.simulated_activation_peak_autograd),
       signed_field("budget_bytes", ps.budget_bytes),
       bool_field("budget_met", ps.budget_met),
   };

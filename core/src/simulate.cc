@@ -171,13 +171,42 @@ struct FreeLists {
   std::vector<std::int32_t> head, next;
 };
 
+// Per step: the first and last step of the autograd node it runs in (a run
+// of consecutive backward steps with one Node::autograd_node); a step outside
+// every such node is a run of its own.
+struct AutogradRuns {
+  std::vector<std::int32_t> first, last;
+};
+
+AutogradRuns autograd_runs(const Graph& graph, const Steps& schedule) {
+  const std::size_t steps = schedule.size();
+  AutogradRuns runs{std::vector<std::int32_t>(steps), std::vector<std::int32_t>(steps)};
+  auto group = [&](std::size_t s) -> std::int64_t {
+    const Node& node = graph.nodes[static_cast<std::size_t>(schedule.node_at(s))];
+    return node.is_backward() ? node.autograd_node : -1;
+  };
+  for (std::size_t s = 0; s < steps;) {
+    std::size_t end = s + 1;
+    if (group(s) >= 0)
+      while (end < steps && group(end) == group(s)) ++end;
+    for (std::size_t t = s; t < end; ++t) {
+      runs.first[t] = static_cast<std::int32_t>(s);
+      runs.last[t] = static_cast<std::int32_t>(end - 1);
+    }
+    s = end;
+  }
+  return runs;
+}
+
 // Pass 2: per storage, residency and the last step that touches any alias.
-FreeLists plan_frees(const detail::NodeIndex& index, const Steps& schedule, StepStorage& steps_storage) {
+FreeLists plan_frees(const Graph& graph, const detail::NodeIndex& index, const Steps& schedule,
+                     StepStorage& steps_storage, const SimulateOptions& options) {
   const std::size_t steps = schedule.size();
   const auto end_of_time = static_cast<std::int32_t>(steps);
   UnionFind& storage = steps_storage.storage;
   std::vector<char> root_resident(steps, 0);
   std::vector<std::int32_t> last_use(steps, kNone);
+  const AutogradRuns runs = options.autograd_lifetimes ? autograd_runs(graph, schedule) : AutogradRuns{};
   for (std::size_t s = 0; s < steps; ++s) {
     const auto here = static_cast<std::int32_t>(s);
     auto root = static_cast<std::size_t>(storage.find(here));
@@ -185,8 +214,12 @@ FreeLists plan_frees(const detail::NodeIndex& index, const Steps& schedule, Step
     last_use[root] = std::max(last_use[root], here);
     const bool is_output = index.has(static_cast<std::size_t>(schedule.node_at(s)), detail::NodeIndex::Flag::kOutput);
     for (auto k = schedule.start[s]; k < schedule.start[s + 1]; ++k) {
-      auto r = static_cast<std::size_t>(storage.find(schedule.inputs[static_cast<std::size_t>(k)]));
-      last_use[r] = std::max(last_use[r], is_output ? end_of_time : here);
+      const std::int32_t producer = schedule.inputs[static_cast<std::size_t>(k)];
+      auto r = static_cast<std::size_t>(storage.find(producer));
+      std::int32_t released = is_output ? end_of_time : here;
+      // Read from outside its autograd node: held until the node returns.
+      if (!is_output && options.autograd_lifetimes && producer < runs.first[s]) released = runs.last[s];
+      last_use[r] = std::max(last_use[r], released);
     }
   }
   FreeLists frees{std::vector<std::int32_t>(steps, kNone), std::vector<std::int32_t>(steps, kNone)};
@@ -263,7 +296,7 @@ SimulateResult simulate_steps(const Graph& graph, const detail::NodeIndex& index
   result.stats.steps = schedule.size();
   StepStorage steps_storage(schedule.size());
   scan_steps(graph, index, schedule, steps_storage, result.stats);
-  const FreeLists frees = plan_frees(index, schedule, steps_storage);
+  const FreeLists frees = plan_frees(graph, index, schedule, steps_storage, options);
   walk_steps(schedule, steps_storage, frees, options, result);
   return result;
 }

@@ -46,7 +46,7 @@ NODE_DEFAULTS: dict[str, Any] = {name: _default(f) for name, f in _NODE.items() 
 WIRE_ORDER = ("id", "name", "kind", "target", "inputs", "phase", "outputs", "flops", "rng", "symint", "collective",
               "view", "mutated_inputs", "aliased_inputs", "role", "subgraph", "mutated", "policy", "ac_graph_id",
               "recomputed_from", "rng_state_bytes", "fusible", "copy", "stack", "measured_seconds", "opaque",
-              "backward_output")
+              "backward_output", "autograd_node")
 
 # json.dumps's own string encoder for its default ``ensure_ascii=True``: the
 # wire text writes every string byte for byte as json.dumps would.
@@ -140,20 +140,24 @@ def compact(doc: dict) -> dict:
     table: list[list[dict]] = []
     index: dict[tuple, int] = {}
     nodes = []
+    wire_keys = set(WIRE_ORDER)
     for node in doc["nodes"]:
         out = {}
-        for name, value in node.items():
-            if name == "module_stack" or (name in NODE_DEFAULTS and _at_default(value, NODE_DEFAULTS[name])):
-                continue
-            out[name] = value
-        stack = node.get("module_stack")
-        if stack:
-            key = tuple((f["fqn"], f["type"]) for f in stack)
-            at = index.get(key)
-            if at is None:
-                at = index[key] = len(table)
-                table.append(stack)
-            out["stack"] = at
+        # in WIRE_ORDER, so that compact(doc) is the serialiser's wire text byte for byte
+        for name in WIRE_ORDER:
+            if name == "stack":
+                stack = node.get("module_stack")
+                if stack:
+                    key = tuple((f["fqn"], f["type"]) for f in stack)
+                    at = index.get(key)
+                    if at is None:
+                        at = index[key] = len(table)
+                        table.append(stack)
+                    out["stack"] = at
+            elif name in node and not (name in NODE_DEFAULTS and _at_default(node[name], NODE_DEFAULTS[name])):
+                out[name] = node[name]
+        # a key the table does not know is kept, for the core's loader to name
+        out.update((name, value) for name, value in node.items() if name not in wire_keys and name != "module_stack")
         nodes.append(out)
     wire = {k: v for k, v in doc.items() if k != "nodes"}
     wire["module_stacks"] = table

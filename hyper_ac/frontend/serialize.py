@@ -144,6 +144,17 @@ def _policy_name(value: Any) -> str | None:
     )
 
 
+def _autograd_node(seq_nr: Any, numbering: dict[int, int]) -> int | None:
+    """A backward op's ``meta["seq_nr"]`` as the document's ``autograd_node`` (None: unknown).
+
+    seq_nr is a process-wide counter, so a second capture of the same model
+    gets other numbers; the document numbers the graph's autograd nodes 0, 1, …
+    in order of first appearance, keeping the text deterministic."""
+    if type(seq_nr) is not int or seq_nr < 0:
+        return None
+    return numbering.setdefault(seq_nr, len(numbering))
+
+
 def _role_of(node: fx.Node) -> str:
     if node.op != "placeholder":
         return "activation"
@@ -223,6 +234,8 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
     timer = OpTimer() if measure else None
     is_opaque = fx_meta.is_opaque
     backward_output_key = fx_meta.BACKWARD_OUTPUT
+    seq_nr_key = fx_meta.SEQ_NR
+    autograd_numbering: dict[int, int] = {}
     for i, node in enumerate(graph.nodes):
         ids[node] = str(i)
         op = node.op
@@ -341,7 +354,9 @@ def _serialize(gm: fx.GraphModule | fx.Graph, model: nn.Module | None, unbacked_
             flops, rng, isinstance(val, sym_types), collective, view, mutated_inputs, aliased_inputs, role,
             subgraph, mutated, policy, graph_id, recomputed_from, state_bytes, fusible, copy, at, seconds,
             val is not None and op != "output" and not isinstance(val, tensor_type) and is_opaque(node),
-            meta.get(backward_output_key, False)))
+            meta.get(backward_output_key, False),
+            # the eager autograd node a backward op runs in (the core's autograd_lifetimes)
+            _autograd_node(meta.get(seq_nr_key), autograd_numbering) if is_bwd and op == "call_function" else None))
     if timer is not None:
         timer.close()
     doc: dict[str, Any] = {"format": FORMAT, "version": VERSION}

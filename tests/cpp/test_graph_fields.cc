@@ -247,6 +247,15 @@ TEST_CASE("the cross-field rules (check_node) are named by the public load", "[g
   doc = base;
   doc["nodes"][1]["inputs"] = {0};
   CHECK_THAT(error_of(doc), Catch::Contains("a placeholder cannot have inputs"));
+  doc = base;
+  doc["nodes"][2]["autograd_node"] = 4;  // a forward op
+  CHECK_THAT(error_of(doc), Catch::Contains("'autograd_node' names the eager autograd node a backward op runs in"));
+  doc = base;
+  doc["nodes"][2]["autograd_node"] = -2;
+  CHECK_THAT(error_of(doc), Catch::Contains("'autograd_node' must be >= 0"));
+  doc = base;
+  doc["nodes"][7]["autograd_node"] = 4;  // threshold_backward: a backward op
+  CHECK(error_of(doc) == "(accepted)");
 }
 
 TEST_CASE("print_graph shows every flag of the table", "[graph][fields][print]") {

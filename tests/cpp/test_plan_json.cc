@@ -104,6 +104,7 @@ std::string reference_plan_json(const Graph& graph, const PlanResult& result, bo
       {"simulated_peak_before", ps.simulated_peak_before}, {"simulated_peak_after", ps.simulated_peak_after},
       {"simulated_activation_peak_before", ps.simulated_activation_peak_before},
       {"simulated_activation_peak_after", ps.simulated_activation_peak_after},
+      {"simulated_activation_peak_autograd", ps.simulated_activation_peak_autograd},
       {"budget_bytes", ps.budget_bytes}, {"budget_met", ps.budget_met},
   };
   if (ps.stock_simulated_peak >= 0) {

@@ -226,6 +226,39 @@ TEST_CASE("a remat plan lowers the bytes held across the boundary", "[simulate]"
   }
 }
 
+// Issue 38: eager autograd frees a saved input only when the autograd node
+// that reads it returns, not after the first backward op of that node.
+TEST_CASE("autograd lifetimes hold a value read from outside its autograd node to the node's end", "[simulate]") {
+  Net net;
+  net.placeholder("x", 100, Role::Input);
+  net.op("a", {"x"}, 10);
+  net.placeholder("t", 5, Role::Tangent, Phase::Backward);
+  net.op("g1", {"t", "a"}, 20, Phase::Backward).autograd_node = 7;
+  net.op("g2", {"g1"}, 30, Phase::Backward).autograd_node = 7;  // same node: a is held to here
+  net.op("g3", {"g2"}, 4, Phase::Backward).autograd_node = 3;   // a node of its own
+  net.output({"g3"});
+  Graph g = net.graph();
+
+  SimulateResult plain = simulate_memory(g, nullptr, timeline());
+  CHECK(plain.timeline == Bytes{0, 10, 10, 30, 50, 34, 4});  // a dies after g1
+  CHECK(plain.peak_bytes == 50);
+
+  SimulateOptions held = timeline();
+  held.autograd_lifetimes = true;
+  SimulateResult eager = simulate_memory(g, nullptr, held);
+  CHECK(eager.timeline == Bytes{0, 10, 10, 30, 60, 34, 4});  // a lives through g2; g2 still dies at g3
+  CHECK(eager.peak_bytes == 60);
+  CHECK(eager.peak_node == net.at("g2"));
+
+  SECTION("without autograd nodes the option changes nothing") {
+    Net bare = chain_net();
+    Graph chain = bare.graph();
+    SimulateOptions on = timeline();
+    on.autograd_lifetimes = true;
+    CHECK(simulate_memory(chain, nullptr, on).timeline == simulate_memory(chain, nullptr, timeline()).timeline);
+  }
+}
+
 TEST_CASE("a schedule that reads a value before it exists is rejected", "[simulate][errors]") {
   Net net = chain_net();
   Graph g = net.graph();

@@ -86,6 +86,11 @@ struct Node {
   Role role = Role::Activation;
   Policy policy = Policy::None;   // a tag already on the FX node (the model's own checkpointing)
   std::int64_t ac_graph_id = -1;  // the checkpoint region of that tag (meta["ac_graph_id"]); -1 = none
+  // The eager autograd node a backward op runs in (meta["seq_nr"] of the
+  // forward op it differentiates); -1 = unknown. Eager autograd frees what a
+  // node reads only when the node returns, not after each of its ops
+  // (SimulateOptions::autograd_lifetimes).
+  std::int64_t autograd_node = -1;
   std::string recomputed_from;    // non-empty on duplicates of an earlier pass
 
   std::int64_t output_bytes() const;  // sum over outputs

@@ -93,6 +93,11 @@ struct PlanStats {
   // tangents): what a measurement that starts after they exist sees.
   std::int64_t simulated_activation_peak_before = 0;
   std::int64_t simulated_activation_peak_after = 0;
+  // The original graph's activation peak as uncompiled eager autograd runs
+  // it (SimulateOptions::autograd_lifetimes): what the uncheckpointed eager
+  // step measures. Equals simulated_activation_peak_before on a graph
+  // without Node::autograd_node.
+  std::int64_t simulated_activation_peak_autograd = 0;
   std::int64_t budget_bytes = 0;             // budget mode: the target
   bool budget_met = true;
   double recompute_seconds = 0.0;            // roofline estimate of the duplicates

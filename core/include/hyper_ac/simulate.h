@@ -16,6 +16,12 @@ struct SimulateOptions {
   // Fill SimulateResult::timeline (one int64 per schedule step); off by
   // default, since planning needs only the peaks.
   bool record_timeline = false;
+  // Free a value a backward op reads from outside its autograd node only
+  // after the node's last op (a run of consecutive backward steps with one
+  // Node::autograd_node), as eager autograd releases a node's saved tensors
+  // and incoming gradients when the node returns. Models the uncompiled,
+  // uncheckpointed step; compiled code frees per op (the default).
+  bool autograd_lifetimes = false;
 };
 
 struct SimulateStats {
