@@ -157,7 +157,7 @@ def _capture(args: argparse.Namespace) -> int:
         bar.update()
         bar.set_postfix_str("tracing forward+backward")
         torch.manual_seed(0)
-        captured = capture_joint(model, route=args.route, **batch)
+        captured = capture_joint(model, tracer=args.tracer, **batch)
         bar.update()
         bar.set_postfix_str("serialising")
         graph_json = captured.to_json(measure=args.measure)
@@ -305,8 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     capture.add_argument("--layers", type=int, default=2, help="number of blocks (default 2)")
     capture.add_argument("--batch", type=int, default=2, help="batch size of the example batch (default 2)")
     capture.add_argument("--seq", type=int, default=16, help="sequence length of the example batch (default 16)")
-    capture.add_argument("--route", choices=("compile", "export"), default="compile",
-                         help="capture route (hyper_ac.frontend.capture.capture_joint; default compile)")
+    capture.add_argument("--tracer", choices=("compile", "export"), default="compile",
+                         help="capture tracer (hyper_ac.frontend.capture.capture_joint; default compile)")
     capture.add_argument("-o", "--output", required=True, help="where to write the graph JSON")
     capture.add_argument("--measure", action="store_true",
                          help="time each op on this machine into measured_seconds, for configs with "

@@ -146,7 +146,7 @@ def annotate_joint(
     ``input`` / ``tangent``), plus ``meta["ac_source"]`` (the parameter or
     buffer FQN) where known. Roles come, most precise first, from
     ``input_roles`` (per primal, in placeholder order, or a name→role dict);
-    ``ParamAOTInput``/``BufferAOTInput`` descriptors (export route);
+    ``ParamAOTInput``/``BufferAOTInput`` descriptors (export tracer);
     ``PlainAOTInput(idx)`` descriptors → ``example_inputs[idx]`` (the flat
     inputs a dynamo backend receives: parameters and buffers are the live
     objects, matched by identity against ``model``; without a model, an
@@ -155,7 +155,7 @@ def annotate_joint(
     parameter, else an input).
 
     ``root_prefix``: path of ``model`` inside the traced root (``"model"`` on
-    the export route, where a loss wrapper holds it as ``.model``); by
+    the export tracer, where a loss wrapper holds it as ``.model``); by
     default found from module identities / the outermost stack entry.
     """
     graph = joint_gm.graph
@@ -297,7 +297,7 @@ def _placeholder_roles(
     bwd_outputs = outputs[num_fwd_outputs:]
     has_grad = {i for i, o in enumerate(bwd_outputs) if o is not None}
 
-    # Descriptor mode (export route): parameters and buffers carry their own
+    # Descriptor mode (export tracer): parameters and buffers carry their own
     # descriptors, so every PlainAOTInput is a user input.
     descriptor_mode = any(isinstance(fx_meta.desc(p), (ParamAOTInput, BufferAOTInput)) for p in primals)
 

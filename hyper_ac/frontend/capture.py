@@ -1,20 +1,20 @@
 """Capture the joint forward+backward FX graph of one training step.
 
-Two routes, same result (an ``fx.GraphModule`` joint graph whose nodes carry
+Two tracers, same result (an ``fx.GraphModule`` joint graph whose nodes carry
 ``meta["autograd_backward"]``, ``meta["ac_module_stack"]`` and, on
 placeholders, ``meta["ac_role"]``):
 
-* ``route="compile"`` (default): ``torch.compile(step, backend=aot_autograd(...),
+* ``tracer="compile"`` (default): ``torch.compile(step, backend=aot_autograd(...),
   fullgraph=True)``; our ``partition_fn`` records a copy of the joint graph
   AOTAutograd hands to the partitioner, then lets ``default_partition`` finish
   so compilation completes. This is exactly the graph a ``torch.compile``
   partitioner (and therefore ``hyper_ac``'s backend) sees.
-* ``route="export"``: ``dynamo_graph_capture_for_export`` +
+* ``tracer="export"``: ``dynamo_graph_capture_for_export`` +
   ``aot_export_joint_with_descriptors`` (the torchtitan / autoparallel path):
   no compilation, inputs described by ``ParamAOTInput`` / ``BufferAOTInput``
   descriptors.
 
-Both routes end in :func:`hyper_ac.frontend.annotate.annotate_joint`, the reusable
+Both tracers end in :func:`hyper_ac.frontend.annotate.annotate_joint`, the reusable
 part: a compile backend's ``partition_fn`` calls it on the joint graph it
 receives.
 
@@ -63,12 +63,12 @@ class CapturedGraph:
     graph_module: fx.GraphModule
     num_fwd_outputs: int
     model: nn.Module
-    route: str
+    tracer: str  # "compile" or "export": which capture_joint tracer made it
     annotation: JointAnnotation
     capture_seconds: float
-    loss: torch.Tensor | None = None  # the loss computed while capturing (compile route)
-    example_inputs: list[Any] | None = None  # dynamo's flat graph inputs (compile route)
-    dynamo_graph: fx.GraphModule | None = None  # the forward graph dynamo traced (compile route)
+    loss: torch.Tensor | None = None  # the loss computed while capturing (compile tracer)
+    example_inputs: list[Any] | None = None  # dynamo's flat graph inputs (compile tracer)
+    dynamo_graph: fx.GraphModule | None = None  # the forward graph dynamo traced (compile tracer)
 
     @property
     def graph(self) -> fx.Graph:
@@ -129,7 +129,7 @@ def reduce_to_loss(out: Any, loss_fn: Callable[[Any], torch.Tensor] | None = Non
 
 
 class _LossWrapper(nn.Module):
-    """Root module of the export route: ``self.model`` + the loss reduction."""
+    """Root module of the export tracer: ``self.model`` + the loss reduction."""
 
     def __init__(self, model: nn.Module, loss_fn: Callable | None):
         super().__init__()
@@ -150,43 +150,51 @@ def _unwrap(model: nn.Module) -> nn.Module:
 # --------------------------------------------------------------------------
 
 
+# capture_joint's ``tracer`` keyword was called this until the plan's route
+# (rewrite / stock) needed the word; a call that still uses it is told the new name.
+_TRACER_OLD_NAME = "route"
+
+
 def capture_joint(
     model: nn.Module,
     *example_args: Any,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
-    route: str = "compile",
+    tracer: str = "compile",
     decompositions: Any = None,
     keep_outputs: bool = False,
     **example_kwargs: Any,
 ) -> CapturedGraph:
     """Capture ``model(*example_args, **example_kwargs)`` → loss → backward as one joint graph.
 
-    The loss is ``reduce_to_loss(output, loss_fn)``. ``route`` is
+    The loss is ``reduce_to_loss(output, loss_fn)``. ``tracer`` is
     ``"compile"`` (torch.compile + aot_autograd, default) or ``"export"``
     (dynamo export + aot_export_joint_with_descriptors). A registered model
     adapter's ``on_applied`` hook runs first (once per model), so the trace
     has its effect. A graph break raises
     :class:`CaptureError` naming dynamo's reason. The model is left as it
-    was: no backward runs (``.grad`` untouched), and the compile route, which
+    was: no backward runs (``.grad`` untouched), and the compile tracer, which
     runs the forward once, restores the buffers (e.g. BatchNorm statistics)
-    and the RNG state afterwards. ``decompositions`` (compile route): an
+    and the RNG state afterwards. ``decompositions`` (compile tracer): an
     AOTAutograd decomposition table, e.g. Inductor's
     ``torch._inductor.decomposition.select_decomp_table()``, to capture the
-    joint graph Inductor's partitioner sees. ``keep_outputs`` (compile route):
+    joint graph Inductor's partitioner sees. ``keep_outputs`` (compile tracer):
     the step also returns the model's other tensor outputs (an HF model's
     logits, ...) after the loss, as ``torch.compile(model)`` does; a loop that
     keeps them through the backward holds them at the step's peak.
     """
+    old_keyword = example_kwargs.get(_TRACER_OLD_NAME)
+    if old_keyword in ("compile", "export"):  # the keyword's old name, not a model input
+        raise TypeError(f"capture_joint: '{_TRACER_OLD_NAME}' is now called 'tracer': pass tracer={old_keyword!r}")
     model = _unwrap(model)
     # The model adapter's on_applied hook changes the model: it runs before the trace, so the graph has its effect.
     apply_adapter_hook(model)
-    if route == "compile":
+    if tracer == "compile":
         return _capture_compile(model, example_args, example_kwargs, loss_fn, decompositions, keep_outputs)
     if decompositions is not None or keep_outputs:
-        raise ValueError("capture_joint: decompositions and keep_outputs are supported on the 'compile' route only")
-    if route == "export":
+        raise ValueError("capture_joint: decompositions and keep_outputs are supported with tracer='compile' only")
+    if tracer == "export":
         return _capture_export(model, example_args, example_kwargs, loss_fn)
-    raise ValueError(f"unknown capture route {route!r}; use 'compile' or 'export'")
+    raise ValueError(f"capture_joint: unknown tracer {tracer!r}; use tracer='compile' or tracer='export'")
 
 
 def _graph_break_error(model: nn.Module, exc: BaseException) -> CaptureError:
@@ -282,7 +290,7 @@ def _capture_compile(model: nn.Module, args: tuple, kwargs: dict, loss_fn: Calla
         graph_module=joint,
         num_fwd_outputs=rec["num_fwd_outputs"],
         model=model,
-        route="compile",
+        tracer="compile",
         annotation=ann,
         capture_seconds=time.perf_counter() - t0,
         loss=loss.detach(),
@@ -313,22 +321,22 @@ def _capture_export(model: nn.Module, args: tuple, kwargs: dict, loss_fn: Callab
                     torch._subclasses.fake_tensor.DynamicOutputShapeException,
                 ) as exc:
                     raise CaptureError(
-                        f"export route cannot trace {type(model).__name__}: {type(exc).__name__}: "
+                        f"the export tracer cannot trace {type(model).__name__}: {type(exc).__name__}: "
                         f"{str(exc).splitlines()[0]} (data-dependent values or output shapes); "
-                        "route='compile' handles these as unbacked SymInts"
+                        "tracer='compile' handles these as unbacked SymInts"
                     ) from exc
                 joint = joint_desc.graph_module
     finally:
         torch._dynamo.reset()
     num_fwd = num_forward_outputs_from_descs(joint)
     if num_fwd is None:
-        raise CaptureError("export route: the joint graph's output node carries no descriptors")
+        raise CaptureError("export tracer: the joint graph's output node carries no descriptors")
     ann = annotate_joint(joint, num_fwd, model=model, root_prefix="model")
     return CapturedGraph(
         graph_module=joint,
         num_fwd_outputs=num_fwd,
         model=model,
-        route="export",
+        tracer="export",
         annotation=ann,
         capture_seconds=time.perf_counter() - t0,
     )

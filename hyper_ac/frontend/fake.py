@@ -5,7 +5,7 @@ not its weights. :func:`capture_from_config` builds a HuggingFace model from
 its ``config.json`` with every parameter, buffer and input a ``FakeTensor``
 (shape, dtype and stride, no storage), and captures the joint forward+backward
 graph the usual way (:func:`hyper_ac.frontend.capture.capture_joint`, the
-compile route). The graph is the one a real step would give on the CPU: the
+compile tracer). The graph is the one a real step would give on the CPU: the
 same ops, the same sizes, attention as the fused kernel the CPU dispatch picks
 for it (flash attention, which saves its output and log-sum-exp as CUDA's
 flash kernel does). The core then plans it as any other graph; nothing runs.

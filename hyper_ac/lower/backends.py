@@ -155,14 +155,14 @@ def write_correctness_pins(joint: fx.GraphModule, plan: Any) -> int:
 class _PartitionStep:
     """The partition step both compilers call: ``(joint, joint_inputs, *, num_fwd_outputs, **stock_kwargs)``.
 
-    ``route``: ``"own"`` applies the plan to the joint graph and partitions with
+    ``lowering``: ``"own"`` applies the plan to the joint graph and partitions with
     ``partition_joint``; ``"tag"`` writes the plan's decisions as tags for
     PyTorch's min-cut (:func:`write_decisions`).
     """
 
-    def __init__(self, cfg: Any, *, model: Any, route: str, tag_only: bool,
+    def __init__(self, cfg: Any, *, model: Any, lowering: str, tag_only: bool,
                  on_result: Optional[Callable[[Any], None]], current: dict, detail: bool = False) -> None:
-        self.cfg, self.model, self.route, self.tag_only, self.detail = cfg, model, route, tag_only, detail
+        self.cfg, self.model, self.lowering, self.tag_only, self.detail = cfg, model, lowering, tag_only, detail
         self.on_result, self.current = on_result, current
 
     def __call__(self, joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any):
@@ -175,14 +175,14 @@ class _PartitionStep:
         if not facts["plans"]:  # mode off: the core's route is stock, no plan needed to know it
             return stock_partition(joint, joint_inputs, **kwargs)
         annotate_joint(joint, num_fwd_outputs, model=self.model, example_inputs=self.current.get("example_inputs"))
-        own_split = self.route == "own" and not self.tag_only
+        own_split = self.lowering == "own" and not self.tag_only
         # auto is never worse than stock: the core compares its plan with stock's on its simulator
         # (and skips the comparison on a graph the model tagged itself).
         baseline = stock_recomputed(joint, joint_inputs, **kwargs) if facts["compare_with_stock"] else None
         # Under Inductor the core checks its candidates on Inductor's own account of the step
         # (docs/mincut.md, "Measured peaks"): its dry run of this joint graph, partitioned as here.
         oracle = None
-        if self.route == "tag" and facts["peak_oracle"] and not self.tag_only:
+        if self.lowering == "tag" and facts["peak_oracle"] and not self.tag_only:
             from hyper_ac.lower.oracle import InductorDryRun
 
             oracle = InductorDryRun(joint, functools.partial(partition_as_planned, joint_inputs=joint_inputs, **kwargs),
@@ -194,12 +194,12 @@ class _PartitionStep:
         result.report()
         if self.on_result is not None:
             self.on_result(result)
-        # Exact copies the core elided are removed on every route (the stock
+        # Exact copies the core elided are removed by every lowering (the stock
         # partition included): what is left is the graph the core planned.
         from hyper_ac.lower.apply import apply_elided_copies
         from hyper_ac.planning import plan_doc
 
-        if plan_doc.route(result.plan) == "stock" or self.route == "tag" and not self.tag_only:
+        if plan_doc.route(result.plan) == "stock" or self.lowering == "tag" and not self.tag_only:
             return partition_as_planned(joint, result.plan, joint_inputs=joint_inputs, **kwargs)
         apply_elided_copies(joint, result.plan)
         plan_json = plan_doc.without_elided_copies(result.plan)
@@ -215,7 +215,7 @@ class _PartitionStep:
 
 
 def partition_as_planned(joint: fx.GraphModule, plan: Any, *, joint_inputs: Any, **kwargs: Any):
-    """PyTorch's partition of ``joint`` carrying out a plan document (the Inductor route, and
+    """PyTorch's partition of ``joint`` carrying out a plan document (the tag lowering, and
     the core's route to stock on either compiler): exact copies the core elided removed; then,
     routed to stock, the stock partition (which may recompute what it fuses) but never of a value
     the core pins for correctness; otherwise the plan's decisions as tags PyTorch's min-cut
@@ -296,7 +296,7 @@ def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: s
     # dynamo's real graph inputs (parameters included) for the graph being
     # compiled: they let annotate_joint tell parameters, buffers and inputs apart.
     current: dict = {}
-    step = _PartitionStep(cfg, model=model, route="tag" if compiler == "inductor" else "own",
+    step = _PartitionStep(cfg, model=model, lowering="tag" if compiler == "inductor" else "own",
                           tag_only=tag_only, on_result=on_result, current=current, detail=detail)
 
     if compiler == "inductor":

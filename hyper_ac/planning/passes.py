@@ -4,7 +4,7 @@ Every save/recompute decision is the core's (``hyper_ac._core.plan``);
 :func:`plan` hands the graph over and returns the plan
 (:class:`hyper_ac.lower.checkpoint_pass.ActivationCheckpointPass` applies it),
 :func:`frontier_points` asks the core for the saved-bytes / recompute-cost frontier.
-:func:`prepare_activation_checkpoint` is the step every route takes before
+:func:`prepare_activation_checkpoint` is the step every entry point takes before
 it traces: the adapter hook, then the model-dependent config checks
 (:func:`validate_for_model`).
 """
@@ -73,7 +73,7 @@ def prepare_activation_checkpoint(model: Any, config: Any) -> Prepared:
 
     Runs the model adapter's ``on_applied(model)`` (once per model) and then
     :func:`validate_for_model`, so the trace sees the hook's effect and a config
-    that cannot fit the model fails here with the core's message. Every route
+    that cannot fit the model fails here with the core's message. Every entry point
     calls it: ``hyper_ac.backend(config, model=...)`` when it is created,
     ``hyper_ac.frontend.capture.capture_joint`` (the hook) before it traces; call it
     yourself before tracing a graph any other way.

@@ -98,7 +98,7 @@ def erase(plan: Mapping[str, Any]) -> list[str]:
 
 
 def kept(plan: Mapping[str, Any]) -> list[str]:
-    """The call_function values of :func:`saved` the plan decided (what the Inductor route tags
+    """The call_function values of :func:`saved` the plan decided (what the tag lowering tags
     ``MUST_SAVE``), graph order. Always present."""
     return plan["kept"]
 

@@ -34,17 +34,17 @@ def pytest_configure(config):
 class Captured:
     """A built model, its example batch, its captured joint graph and its JSON document."""
 
-    def __init__(self, name: str, route: str = "compile"):
+    def __init__(self, name: str, tracer: str = "compile"):
         from hyper_ac import models
         from hyper_ac.frontend import capture
         from hyper_ac.frontend import serialize
 
         self.name = name
-        self.route = route
+        self.tracer = tracer
         self.model = models.build(name)
         self.batch = models.example_batch(name)
         t0 = time.perf_counter()
-        self.captured = capture.capture_joint(self.model, route=route, **self.batch)
+        self.captured = capture.capture_joint(self.model, tracer=tracer, **self.batch)
         t1 = time.perf_counter()
         self.doc = serialize.serialize_graph(self.captured.graph_module, self.model)
         t2 = time.perf_counter()
@@ -64,16 +64,16 @@ class Captured:
 _CACHE: dict[tuple[str, str], Captured] = {}
 
 
-def get_captured(name: str, route: str = "compile") -> Captured:
-    key = (name, route)
+def get_captured(name: str, tracer: str = "compile") -> Captured:
+    key = (name, tracer)
     if key not in _CACHE:
-        _CACHE[key] = Captured(name, route)
+        _CACHE[key] = Captured(name, tracer)
     return _CACHE[key]
 
 
 @pytest.fixture(scope="session")
 def captured():
-    """``captured(name, route="compile")`` → :class:`Captured` (cached for the session)."""
+    """``captured(name, tracer="compile")`` → :class:`Captured` (cached for the session)."""
     return get_captured
 
 
@@ -135,7 +135,7 @@ def pytest_terminal_summary(terminalreporter):
     if not _CACHE:
         return
     terminalreporter.write_line("captured graphs (nodes, capture s, serialize s):")
-    for (name, route), c in sorted(_CACHE.items()):
+    for (name, tracer), c in sorted(_CACHE.items()):
         terminalreporter.write_line(
-            f"  {name:12s} {route:8s} {len(c.doc['nodes']):6d} {c.capture_seconds:7.2f} {c.serialize_seconds:7.3f}"
+            f"  {name:12s} {tracer:8s} {len(c.doc['nodes']):6d} {c.capture_seconds:7.2f} {c.serialize_seconds:7.3f}"
         )

@@ -94,7 +94,7 @@ def test_buffer_reuse_with_the_eager_compiler_warns():
 
 
 def test_write_decisions_tags_only_what_the_plan_decided():
-    # The tag route (compiler="inductor"): a duplicated value is MUST_RECOMPUTE, a value the
+    # The tag lowering (compiler="inductor"): a duplicated value is MUST_RECOMPUTE, a value the
     # plan keeps MUST_SAVE, and a saved value outside every recompute region (not kept: a
     # causal mask, rotary tables) is left untagged for PyTorch's min-cut. The kept set is the
     # core's (plan "kept"), not derived here.

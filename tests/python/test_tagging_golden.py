@@ -11,7 +11,7 @@ Regenerate the goldens with ``HYPER_AC_UPDATE_GOLDEN=1 pytest
 tests/python/test_tagging_golden.py`` and review the diff.
 
 Capture routes: everything goes through ``capture_joint`` (torch.compile +
-aot_autograd) except the in-place rule: aot_autograd (both routes)
+aot_autograd) except the in-place rule: aot_autograd (both tracers)
 functionalizes in-place ops away, so that graph is traced with ``make_fx``
 without functionalization and annotated by hand (see ``_inplace_joint``).
 """
@@ -632,7 +632,7 @@ class InPlaceBlock(nn.Module):
 def _inplace_joint():
     """The joint graph of InPlaceBlock x 2 with its in-place ops intact.
 
-    AOTAutograd (compile and export routes alike) functionalizes every
+    AOTAutograd (compile and export tracers alike) functionalizes every
     in-place op of the user code away, so this graph is traced with
     ``make_fx`` without functionalization: ``joint(params, x, tangents)`` runs
     the forward through ``torch.func.functional_call`` and
