@@ -681,6 +681,27 @@ struct Model {
     }
     return total;
   }
+  // The nodes a cut may recompute: in the network and not pinned to saving.
+  std::vector<std::size_t> choosable() const {
+    std::vector<std::size_t> out;
+    for (std::size_t i = 0; i < g.nodes.size(); ++i)
+      if (network(static_cast<std::int32_t>(i)) && !no_recompute[i]) out.push_back(i);
+    return out;
+  }
+  // The least cost over every subset of choosable() recomputed: the oracle the
+  // cut is checked against (-1: no subset obeys the rules).
+  double brute_force() const {
+    const std::vector<std::size_t> nodes = choosable();
+    REQUIRE(nodes.size() <= 16);
+    double best = -1;
+    std::vector<char> recompute(g.nodes.size(), 0);
+    for (std::uint32_t mask = 0; mask < (1u << nodes.size()); ++mask) {
+      for (std::size_t k = 0; k < nodes.size(); ++k) recompute[nodes[k]] = (mask >> k) & 1u;
+      const double c = cost(recompute);
+      if (c >= 0 && (best < 0 || c < best)) best = c;
+    }
+    return best;
+  }
 };
 
 }  // namespace
@@ -697,18 +718,8 @@ TEST_CASE("random DAGs: the cut obeys every rule and matches brute force", "[min
     options.prefer_recompute_factor = 1.25;
     Model model(g, rc.tags, options);
 
-    // Brute force over the nodes that may be recomputed.
-    std::vector<std::size_t> choosable;
-    for (std::size_t i = 0; i < g.nodes.size(); ++i)
-      if (model.network(static_cast<std::int32_t>(i)) && !model.no_recompute[i]) choosable.push_back(i);
-    REQUIRE(choosable.size() <= 16);
-    double best = -1;
+    const double best = model.brute_force();
     std::vector<char> recompute(g.nodes.size(), 0);
-    for (std::uint32_t mask = 0; mask < (1u << choosable.size()); ++mask) {
-      for (std::size_t k = 0; k < choosable.size(); ++k) recompute[choosable[k]] = (mask >> k) & 1u;
-      double c = model.cost(recompute);
-      if (c >= 0 && (best < 0 || c < best)) best = c;
-    }
 
     INFO("round " << round);
     MinCutResult r;
@@ -993,17 +1004,8 @@ TEST_CASE("random DAGs with fusion groups (inductor): the cut matches brute forc
     options.prefer_save_factor = 1.5;
     options.prefer_recompute_factor = 1.25;
     Model model(g, rc.tags, options);
-    std::vector<std::size_t> choosable;
-    for (std::size_t i = 0; i < g.nodes.size(); ++i)
-      if (model.network(static_cast<std::int32_t>(i)) && !model.no_recompute[i]) choosable.push_back(i);
-    REQUIRE(choosable.size() <= 16);
-    double best = -1;
+    const double best = model.brute_force();
     std::vector<char> recompute(g.nodes.size(), 0);
-    for (std::uint32_t mask = 0; mask < (1u << choosable.size()); ++mask) {
-      for (std::size_t k = 0; k < choosable.size(); ++k) recompute[choosable[k]] = (mask >> k) & 1u;
-      double c = model.cost(recompute);
-      if (c >= 0 && (best < 0 || c < best)) best = c;
-    }
     INFO("round " << round);
     MinCutResult r;
     try {
@@ -1087,16 +1089,7 @@ TEST_CASE("flow_network exports the solved network; its flow is the brute-force 
     Graph g = rc.net.graph();
     MinCutOptions options = gpu(round % 2 ? 1e10 : 3e11);
     Model model(g, rc.tags, options);
-    std::vector<std::size_t> choosable;
-    for (std::size_t i = 0; i < g.nodes.size(); ++i)
-      if (model.network(static_cast<std::int32_t>(i)) && !model.no_recompute[i]) choosable.push_back(i);
-    double best = -1;
-    std::vector<char> recompute(g.nodes.size(), 0);
-    for (std::uint32_t mask = 0; mask < (1u << choosable.size()); ++mask) {
-      for (std::size_t k = 0; k < choosable.size(); ++k) recompute[choosable[k]] = (mask >> k) & 1u;
-      double c = model.cost(recompute);
-      if (c >= 0 && (best < 0 || c < best)) best = c;
-    }
+    const double best = model.brute_force();
     if (best < 0) {
       CHECK_THROWS_AS(flow_network(g, rc.tags, options), MinCutError);
       continue;
