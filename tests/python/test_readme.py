@@ -1,5 +1,5 @@
-"""The README is true: its usage runs, docs/usage.md's blocks run in order, every ratio it quotes is in the
-committed results, and it stays a front door (the commands, a usage and the mode chooser on its first screen)."""
+"""The README is true: its usage runs, docs/usage.md's blocks run in order, every ratio, size and time it quotes is
+in the committed results, and it stays a front door (the commands, a usage and the mode chooser on its first screen)."""
 
 from __future__ import annotations
 
@@ -78,6 +78,36 @@ def test_every_ratio_the_readme_quotes_is_in_the_committed_results():
     # The check fails where it should: a made-up figure, a range with one made-up end.
     assert _unbacked("`full` 9.871× stock", found) == ["9.871"]
     assert _unbacked("0.377–9.87× stock", found) == ["9.87"]
+
+
+# An amount with its unit after a space: "34.6 GiB", "21 s" (a config literal such as "6GiB" has none).
+_AMOUNT = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?) (GiB|MiB|s)\b")
+
+
+def _committed_amounts() -> set[tuple[float, str]]:
+    found: set[tuple[float, str]] = set()
+    for path in (ROOT / "benchmarks" / "results").rglob("*.md"):
+        found.update((float(value), unit) for value, unit in _AMOUNT.findall(path.read_text()))
+    return found
+
+
+def _unbacked_amounts(readme: str, found: set[tuple[float, str]]) -> list[str]:
+    missing = []
+    for figure, unit in sorted(set(_AMOUNT.findall(readme))):
+        places = len(figure.split(".")[1]) if "." in figure else 0
+        if not any(u == unit and abs(round(value, places) - float(figure)) < 1e-9 for value, u in found):
+            missing.append(f"{figure} {unit}")
+    return missing
+
+
+def test_every_size_and_time_the_readme_quotes_is_in_the_committed_results():
+    """A size or time (N.N GiB / MiB / s) in the README is a figure of some committed run's page, to its precision."""
+    found = _committed_amounts()
+    readme = (ROOT / "README.md").read_text()
+    assert len(set(_AMOUNT.findall(readme))) >= 5, "the README's sizes were not found: the pattern is stale"
+    assert not _unbacked_amounts(readme, found), \
+        f"README.md quotes sizes or times no committed result holds: {_unbacked_amounts(readme, found)}"
+    assert _unbacked_amounts("`full` 987.6 GiB in 123 s", found) == ["123 s", "987.6 GiB"]
 
 
 def test_quick_start_python_blocks_run(monkeypatch, capsys):
