@@ -25,10 +25,20 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] 
   "$PY" -m pip install -q torch==2.13.0
 fi
 
+# transformers is pinned too: 5.25 wraps every attention layer in the `kernels` package's hub-kernel
+# forward, which writes a module global inside the layer, so gradient_checkpointing_enable() under
+# torch.compile(fullgraph=True) fails in dynamo ("HOP: Unsafe side effect"), stock compile as much as
+# hyper_ac (docs/torch-compat.md); the committed results were measured on 5.24.0.
+TRANSFORMERS=5.24.0
+if ! "$PY" -c "import transformers, sys; sys.exit(0 if transformers.__version__ == '$TRANSFORMERS' else 1)" 2>/dev/null; then
+  echo "[install] pip: transformers==$TRANSFORMERS"
+  "$PY" -m pip install -q "transformers==$TRANSFORMERS" torch==2.13.0
+fi
+
 # nbclient + ipykernel + nbformat: tests/python/test_notebook.py executes examples/inspect.ipynb headlessly.
 # accelerate: transformers' Trainer needs it (tests/python/test_hf_trainer.py).
 # pytest-xdist: make test-python runs the modules on two processes.
-pip_pkgs=(pybind11 scikit-build-core pyyaml pytest pytest-xdist numpy networkx transformers accelerate matplotlib tqdm nbclient ipykernel nbformat)
+pip_pkgs=(pybind11 scikit-build-core pyyaml pytest pytest-xdist numpy networkx accelerate matplotlib tqdm nbclient ipykernel nbformat)
 missing=()
 for p in "${pip_pkgs[@]}"; do
   mod=$p
