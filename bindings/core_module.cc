@@ -143,7 +143,7 @@ void register_config(py::module_& m) {
   }, py::arg("table_json"));
 }
 
-// PlanOptions::peak_oracle from a Python callable (plan JSON text -> bytes or -1), called with
+// PlanOptions::peak_oracle / peak_lower_bound from a Python callable (plan JSON text -> bytes or -1), called with
 // the GIL; the callable is referenced, never copied, so no reference count moves without it.
 std::function<std::int64_t(const std::string&)> peak_oracle_from(const std::optional<py::function>& oracle) {
   if (!oracle) return {};
@@ -158,8 +158,10 @@ std::function<std::int64_t(const std::string&)> peak_oracle_from(const std::opti
 void register_planning(py::module_& m) {
   m.def("plan", [](std::string_view graph_json, const std::string& config_json, const std::optional<std::string>& op_policy_json,
                    bool timings, bool timeline, std::optional<std::vector<std::string>> stock_recomputed, bool detail,
-                   bool unitless_to_stock, const std::optional<py::function>& peak_oracle) {
+                   bool unitless_to_stock, const std::optional<py::function>& peak_oracle,
+                   const std::optional<py::function>& peak_lower_bound) {
     auto oracle = peak_oracle_from(peak_oracle);
+    auto lower_bound = peak_oracle_from(peak_lower_bound);
     py::gil_scoped_release release;
     const auto started = std::chrono::steady_clock::now();
     auto loaded = load_padded(graph_json);
@@ -169,6 +171,7 @@ void register_planning(py::module_& m) {
     options.stock_recomputed = std::move(stock_recomputed);
     options.unitless_to_stock = unitless_to_stock;
     options.peak_oracle = oracle;
+    options.peak_lower_bound = lower_bound;
     auto result = plan(loaded.graph, options);
     result.timings.load_seconds = load_seconds;
     PlanJsonOptions json_options;
@@ -177,7 +180,7 @@ void register_planning(py::module_& m) {
     return plan_to_json(loaded.graph, result, json_options);
   }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = py::none(), py::arg("timings") = false,
      py::arg("timeline") = false, py::arg("stock_recomputed") = py::none(), py::arg("detail") = false,
-     py::arg("unitless_to_stock") = false, py::arg("peak_oracle") = py::none(),
+     py::arg("unitless_to_stock") = false, py::arg("peak_oracle") = py::none(), py::arg("peak_lower_bound") = py::none(),
      "Plan save/recompute for a graph (JSON text, str or bytes); return the plan document (docs/graph-format.md):\n"
      "the compact form, or with detail=True the full one (every tagged node's policy, region id and reason by\n"
      "name). With per-stage wall times under 'timings' if asked; without them the plan is byte-identical for the\n"
@@ -187,12 +190,16 @@ void register_planning(py::module_& m) {
      "that plan's. unitless_to_stock: a graph without units gets an unchanged plan routed to stock, with a\n"
      "warning, instead of NoUnitsError (PlanOptions::unitless_to_stock). peak_oracle: a callable (candidate plan\n"
      "JSON -> bytes the step holds at its peak beyond its inputs, or -1) for the budget's search and the\n"
-     "never-above-stock guard (PlanOptions::peak_oracle).");
+     "never-above-stock guard (PlanOptions::peak_oracle). peak_lower_bound: a callable (candidate plan JSON ->\n"
+     "bytes its measured peak cannot be below, found without compiling, or -1), asked for the stock partition so\n"
+     "that a plan measured under it passes the guard without measuring stock (PlanOptions::peak_lower_bound).");
 
   m.def("plan_split", [](std::string_view graph_json, const std::string& config_json, const std::optional<std::string>& op_policy_json,
                          bool timeline, std::optional<std::vector<std::string>> stock_recomputed, bool detail,
-                         bool unitless_to_stock, const std::optional<py::function>& peak_oracle) {
+                         bool unitless_to_stock, const std::optional<py::function>& peak_oracle,
+                         const std::optional<py::function>& peak_lower_bound) {
     auto oracle = peak_oracle_from(peak_oracle);
+    auto lower_bound = peak_oracle_from(peak_lower_bound);
     py::gil_scoped_release release;
     auto loaded = load_padded(graph_json);
     PlanOptions options = options_for(config_json, op_policy_json);
@@ -200,6 +207,7 @@ void register_planning(py::module_& m) {
     options.stock_recomputed = std::move(stock_recomputed);
     options.unitless_to_stock = unitless_to_stock;
     options.peak_oracle = oracle;
+    options.peak_lower_bound = lower_bound;
     auto result = plan(loaded.graph, options);
     auto split = split_joint(loaded.graph, result.remat);
     PlanJsonOptions json_options;
@@ -207,7 +215,7 @@ void register_planning(py::module_& m) {
     return std::make_pair(plan_to_json(loaded.graph, result, json_options), split_to_json(loaded.graph, split));
   }, py::arg("graph_json"), py::arg("config_json"), py::arg("op_policy_json") = py::none(), py::arg("timeline") = false,
      py::arg("stock_recomputed") = py::none(), py::arg("detail") = false, py::arg("unitless_to_stock") = false,
-     py::arg("peak_oracle") = py::none(),
+     py::arg("peak_oracle") = py::none(), py::arg("peak_lower_bound") = py::none(),
      "(plan JSON, split JSON): the plan exactly as plan() gives it, and the forward/backward split of the rewritten\n"
      "graph (split.h): the nodes each module runs and the values the forward saves, in order (docs/graph-format.md).");
 

@@ -51,36 +51,34 @@ std::optional<Evaluation> choose_on_frontier(const Graph& graph, const detail::N
 // The budget's plan measured more than kBudgetMeasuredSlack under its target:
 // the simulation holds more than the compiler does, so a larger simulated
 // target, with less recompute, may still fit. The simulated target is raised
-// by the measured slack (the two move about alike), or bisected once a raise
-// measured over; a candidate that fits with less recompute is kept.
+// by the measured slack (the two move about alike), halfway back once that
+// measures over (kOracleRaiseProbes); the first that fits ends the raise and
+// is kept when it recomputes less.
 void raise_toward_measured_target(const Graph& graph, const detail::NodeIndex& index, const StageOptions& stages,
                                   const BudgetSearch& search, MeasuredPeaks& measured, std::int64_t target,
                                   PlanResult& result, Evaluation& chosen, std::int64_t& chosen_bytes) {
-  std::int64_t fits = search.target, over = -1;  // simulated targets whose plan measured within / over
-  std::int64_t slack = target - chosen_bytes;
-  const std::int64_t resolution = std::max<std::int64_t>(1, target / 1000);
+  if (static_cast<double>(target - chosen_bytes) <= kBudgetMeasuredSlack * static_cast<double>(target)) return;
+  const std::int64_t fits = search.target;
+  std::int64_t over = -1;  // a raised simulated target whose plan measured over
   SecondsCache seconds;
-  for (std::size_t probe = 0; probe < kOracleBudgetProbes; ++probe) {
-    if (static_cast<double>(target - chosen_bytes) <= kBudgetMeasuredSlack * static_cast<double>(target)) break;
-    if (over >= 0 && over - fits <= resolution) break;
+  for (std::size_t probe = 0; probe < kOracleRaiseProbes; ++probe) {
     const std::int64_t proposal =
-        over < 0 ? clamp_bytes(static_cast<__int128>(fits) + slack) : fits + (over - fits) / 2;
-    if (proposal <= fits) break;
+        over < 0 ? clamp_bytes(static_cast<__int128>(fits) + (target - chosen_bytes)) : fits + (over - fits) / 2;
+    if (proposal <= fits) return;
     std::optional<Evaluation> candidate = choose_on_frontier(graph, index, stages, search.frontier, proposal, result,
                                                              seconds);
-    if (!candidate) break;
+    if (!candidate) return;
     const std::int64_t bytes = measured.of(*candidate);
-    if (bytes < 0) break;
+    if (bytes < 0) return;
     if (bytes > target) {
       over = proposal;
       continue;
     }
-    fits = proposal;
-    slack = target - bytes;
     if (candidate->recompute_seconds < chosen.recompute_seconds) {
       chosen = std::move(*candidate);
       chosen_bytes = bytes;
     }
+    return;
   }
 }
 

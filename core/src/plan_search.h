@@ -169,7 +169,7 @@ inline RouteDecision decide_route(const PlanResult& result) {
 class MeasuredPeaks {
  public:
   MeasuredPeaks(const Graph& graph, const PlanOptions& options, PlanResult& result)
-      : graph_(graph), oracle_(options.peak_oracle), result_(result) {}
+      : graph_(graph), oracle_(options.peak_oracle), lower_bound_(options.peak_lower_bound), result_(result) {}
 
   bool available() const { return static_cast<bool>(oracle_); }
 
@@ -186,15 +186,29 @@ class MeasuredPeaks {
     return ask(as_plan);
   }
 
-  std::int64_t of_stock() {
+  std::int64_t of_stock() { return ask(stock_plan()); }
+
+  // PlanOptions::peak_lower_bound of the stock partition (-1: none), asked once.
+  std::int64_t lower_bound_of_stock() {
+    if (!lower_bound_) return -1;
+    if (!stock_lower_bound_) {
+      PlanJsonOptions compact;
+      compact.detail = false;
+      stock_lower_bound_ = lower_bound_(plan_to_json(graph_, stock_plan(), compact));
+    }
+    return *stock_lower_bound_;
+  }
+
+ private:
+  PlanResult stock_plan() const {
     PlanResult as_plan = result_;
     as_plan.policies.assign(graph_.nodes.size(), Policy::None);
     as_plan.remat = plan_remat(graph_, as_plan.policies);
     as_plan.route = {Route::Stock, "off"};
-    return ask(as_plan);
+    return as_plan;
   }
 
- private:
+
   // Keyed by what the measured step depends on: the route, the per-node policies and the
   // duplicates with their insertion points (not the stats or notes the document also carries).
   std::int64_t ask(const PlanResult& as_plan) {
@@ -215,8 +229,10 @@ class MeasuredPeaks {
 
   const Graph& graph_;
   const std::function<std::int64_t(const std::string&)>& oracle_;
+  const std::function<std::int64_t(const std::string&)>& lower_bound_;
   PlanResult& result_;
   std::map<std::string, std::int64_t> cache_;
+  std::optional<std::int64_t> stock_lower_bound_;
 };
 
 // Budget mode with a peak oracle: the simulated choice measured; above the
@@ -240,7 +256,8 @@ void weigh_output_recompute(const Graph& graph, const detail::NodeIndex& index, 
 
 // No plan measured above stock: with a peak oracle, a plan that rewrites is
 // measured against the stock partition; above it, nothing is rewritten (the
-// stock route) and a warning names both figures. A graph the model tagged
+// stock route) and a warning names both figures. Stock is not measured when
+// the plan measures at or under stock's lower bound (PlanOptions::peak_lower_bound). A graph the model tagged
 // itself keeps its tags (stock's partition carries them out alike). Not under
 // unit_graph: a block's own peak is a transient that occurs once, while what
 // stacks up over the model's blocks is the bytes each saves, which fusion

@@ -86,6 +86,10 @@ void guard_with_measured(const Graph& graph, const detail::NodeIndex& index, con
   const std::int64_t own = measured.of(evaluation);
   result.stats.measured_peak_after = own;
   if (own < 0) return;
+  // Under what stock's step must hold is under what it holds: no compile of stock needed.
+  const std::int64_t bound = measured.lower_bound_of_stock();
+  result.stats.measured_stock_lower_bound = bound;
+  if (bound >= 0 && own <= bound) return;
   const std::int64_t stock = measured.of_stock();
   result.stats.measured_stock_peak = stock;
   if (stock < 0 || own <= stock) return;

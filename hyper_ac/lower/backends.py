@@ -190,7 +190,8 @@ class _PartitionStep:
         # With graph breaks, a piece of the step (say, only the loss) may hold no block:
         # the core routes it to stock with a warning (route_reason no_units).
         result = plan(joint, self.cfg, self.model, with_split=own_split, stock_recomputed=baseline,
-                      detail=self.detail, unitless_to_stock=True, peak_oracle=oracle)
+                      detail=self.detail, unitless_to_stock=True, peak_oracle=oracle,
+                      peak_lower_bound=oracle.lower_bound if oracle is not None else None)
         result.report()
         if self.on_result is not None:
             self.on_result(result)

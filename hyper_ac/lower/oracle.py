@@ -35,7 +35,7 @@ import torch.fx as fx
 from hyper_ac import fx_meta
 from hyper_ac.planning import plan_doc
 
-__all__ = ["InductorDryRun", "dry_run_peak", "dry_running", "stubbed_kernels"]
+__all__ = ["InductorDryRun", "dry_run_peak", "dry_running", "forward_outputs_bytes", "stubbed_kernels"]
 
 _MEASURING: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("hyper_ac_dry_run", default=None)
 
@@ -138,6 +138,36 @@ def why_not_measurable(*modules: fx.GraphModule) -> Optional[str]:
     return None
 
 
+def _storage_key(value: torch.Tensor) -> Optional[int]:
+    try:
+        return id(value.untyped_storage())
+    except (NotImplementedError, RuntimeError):  # a tensor without a plain storage: no claim made
+        return None
+
+
+def forward_outputs_bytes(forward: fx.GraphModule) -> int:
+    """Bytes the forward's outputs hold together, a lower bound on a dry run's peak: every
+    output (the saved values and the user's) is alive when the forward returns. Outputs that
+    share a storage (views) count once, at the largest of them; a storage of an input is
+    not counted (allocated before the step), nor a broadcast dimension (stride 0). Inductor
+    does not make distinct outputs alias one another or an input (``remove_noop_ops``)."""
+    inputs = {_storage_key(value) for node in _placeholders(forward)
+              if isinstance(value := fx_meta.val(node), torch.Tensor)}
+    largest: dict[int, int] = {}
+    for arg in forward.graph.find_nodes(op="output")[0].args[0]:
+        value = fx_meta.val(arg) if isinstance(arg, fx.Node) else None
+        if not isinstance(value, torch.Tensor) or (key := _storage_key(value)) is None or key in inputs:
+            continue
+        sizes, strides = _concrete(value.shape), _concrete(value.stride())
+        if sizes is None or strides is None:
+            continue
+        dense = value.element_size()
+        for size, stride in zip(sizes, strides):
+            dense *= size if stride != 0 else 1
+        largest[key] = max(largest.get(key, 0), dense)
+    return sum(largest.values())
+
+
 def dry_run_peak(forward: fx.GraphModule, backward: fx.GraphModule,
                  patches: Callable[[bool], dict] = lambda is_backward: {}) -> int:
     """The bytes a step of these partitioned modules holds at its peak beyond its inputs:
@@ -200,15 +230,40 @@ class InductorDryRun:
         self._joint = None if self._unmeasurable else copy_graph_module(joint)  # before any plan touches it
         self.calls: list[tuple[str, int, float]] = []
         self._warned = False
+        self._partitioned: dict[str, tuple] = {}  # plan text -> modules, from lower_bound for __call__
 
-    def __call__(self, plan_text: str) -> int:
+    def _modules(self, plan_text: str, plan: dict) -> tuple:
         from hyper_ac._fx import copy_graph_module
 
+        if plan_text in self._partitioned:
+            return self._partitioned.pop(plan_text)
+        return self._partition(copy_graph_module(self._joint), plan)
+
+    def lower_bound(self, plan_text: str) -> int:
+        """``PlanOptions::peak_lower_bound``: the bytes a candidate's dry run cannot measure
+        under (:func:`forward_outputs_bytes` of its partition), found without compiling; -1
+        where the dry run could not measure it either. The partition is kept for a
+        measurement of the same candidate."""
+        from hyper_ac._fx import copy_graph_module
+
+        plan = json.loads(plan_text)
+        if self._unmeasurable:
+            return -1
+        try:
+            forward, backward = self._partition(copy_graph_module(self._joint), plan)
+        except Exception:  # the dry run says why, should the core ask it
+            return -1
+        if why_not_measurable(forward, backward) is not None:
+            return -1
+        self._partitioned[plan_text] = (forward, backward)
+        return forward_outputs_bytes(forward)
+
+    def __call__(self, plan_text: str) -> int:
         started = time.perf_counter()
         plan = json.loads(plan_text)
         if self._unmeasurable:
             return self._cannot(plan, f"not measurable: {self._unmeasurable}", started)
-        forward, backward = self._partition(copy_graph_module(self._joint), plan)
+        forward, backward = self._modules(plan_text, plan)
         reason = why_not_measurable(forward, backward)
         if reason is not None:
             return self._cannot(plan, f"not measurable: {reason}", started)

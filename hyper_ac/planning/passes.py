@@ -165,7 +165,8 @@ def _graph_json(graph: Union[fx.GraphModule, str, bytes, Mapping[str, Any]], mod
 def plan(graph: Union[fx.GraphModule, str, bytes, Mapping[str, Any]], config: Any, model: Any = None, *,
          timeline: bool = False, with_split: bool = False,
          stock_recomputed: Optional[Sequence[str]] = None, detail: bool = False,
-         unitless_to_stock: bool = False, peak_oracle: Optional[Callable[[str], int]] = None) -> PassResult:
+         unitless_to_stock: bool = False, peak_oracle: Optional[Callable[[str], int]] = None,
+         peak_lower_bound: Optional[Callable[[str], int]] = None) -> PassResult:
     """The core's plan for a joint graph, without changing it: the one entry
     the pass, the CLI and the benchmark call.
 
@@ -199,6 +200,10 @@ def plan(graph: Union[fx.GraphModule, str, bytes, Mapping[str, Any]], config: An
     plan document's JSON text -> bytes beyond the step's inputs, or -1), which the core
     checks the budget's search and the never-above-stock guard against
     (:class:`hyper_ac.lower.oracle.InductorDryRun`; docs/mincut.md, "Measured peaks").
+    ``peak_lower_bound``: with ``peak_oracle``, the bytes a candidate's measured peak cannot be
+    below, found without compiling (JSON text -> bytes, or -1); the core asks it for the stock
+    partition, so that a plan measured under it passes the guard without measuring stock
+    (:meth:`hyper_ac.lower.oracle.InductorDryRun.lower_bound`).
     """
     if not isinstance(timeline, bool):
         raise TypeError(f"hyper_ac.plan: timeline must be a bool, got {type(timeline).__name__}")
@@ -222,12 +227,13 @@ def plan(graph: Union[fx.GraphModule, str, bytes, Mapping[str, Any]], config: An
             plan_text, split_text = _core.plan_split(graph_json, cfg.json_for(model), op_policy_json(),
                                                      timeline=timeline, stock_recomputed=stock_recomputed,
                                                      detail=detail, unitless_to_stock=unitless_to_stock,
-                                                     peak_oracle=peak_oracle)
+                                                     peak_oracle=peak_oracle, peak_lower_bound=peak_lower_bound)
             split_doc = json.loads(split_text)
         else:
             plan_text = _core.plan(graph_json, cfg.json_for(model), op_policy_json(), timeline=timeline,
                                    stock_recomputed=stock_recomputed, detail=detail,
-                                   unitless_to_stock=unitless_to_stock, peak_oracle=peak_oracle)
+                                   unitless_to_stock=unitless_to_stock, peak_oracle=peak_oracle,
+                                   peak_lower_bound=peak_lower_bound)
         t2 = time.perf_counter()
         return PassResult(cfg.mode, json.loads(plan_text), plan_seconds=t2 - t1, serialize_seconds=t1 - t0,
                           split=split_doc)

@@ -17,19 +17,19 @@ from hyper_ac import memory, models
 SLACK_BYTES = 64
 
 
-def _model():
+def _model(layers=2, seq=128):
     """A Llama whose activations set the step's peak (at the default test size they do not)."""
-    model = models.hf_model("llama", 2, hidden=128, heads=8, vocab=2048, max_seq=128, attn_implementation="sdpa",
+    model = models.hf_model("llama", layers, hidden=128, heads=8, vocab=2048, max_seq=seq, attn_implementation="sdpa",
                             intermediate_size=344)
-    return model, models.example_batch("llama", batch=1, seq=128, vocab=2048)
+    return model, models.example_batch("llama", batch=1, seq=seq, vocab=2048)
 
 
-def _step(config):
+def _step(config, **shape):
     """(measured peak of the second step, the plans) of a fresh model compiled with Inductor; config None: stock."""
     import torch._functorch.config as functorch_config
 
     torch._dynamo.reset()
-    model, batch = _model()
+    model, batch = _model(**shape)
     plans: list = []
     if config is None:
         run = torch.compile(model)
@@ -60,7 +60,39 @@ def test_dry_run_equals_the_real_step(config, stock_peak):
     assert stats["oracle_calls"] >= 2  # the plan and stock at least
     assert abs(stats["measured_peak_after"] - peak) <= SLACK_BYTES, (stats, peak)
     assert abs(stats["measured_stock_peak"] - stock_peak) <= SLACK_BYTES, (stats, stock_peak)
+    # Above what stock's forward returns, so stock was measured; the bound is under its figure.
+    assert stats["measured_peak_after"] > stats["measured_stock_lower_bound"] > 0
+    assert stats["measured_stock_lower_bound"] <= stats["measured_stock_peak"]
     assert peak < stock_peak
+
+
+def test_a_plan_under_stocks_lower_bound_spares_the_stock_compile():
+    """full measures under the bytes stock's forward returns (all alive when it ends): under
+    stock's peak, so stock is not compiled for the guard. The bound is under stock's real peak.
+    Four layers at seq 256, where the activations stock saves stack up past full's peak."""
+    shape = {"layers": 4, "seq": 256}
+    stock_peak, _ = _step(None, **shape)
+    import torch._inductor.compile_fx as compile_fx_module
+
+    from hyper_ac.lower.oracle import dry_running
+
+    routes: list = []
+    real = compile_fx_module.compile_fx_inner
+
+    def spy(*args, **kwargs):
+        routes.append(dry_running())
+        return real(*args, **kwargs)
+
+    compile_fx_module.compile_fx_inner = spy
+    try:
+        peak, plans = _step({"ac_mode": "full"}, **shape)
+    finally:
+        compile_fx_module.compile_fx_inner = real
+    stats = plans[0]["stats"]
+    assert stats["oracle_calls"] == 1 and stats["measured_stock_peak"] == -1, stats
+    assert abs(stats["measured_peak_after"] - peak) <= SLACK_BYTES, (stats, peak)
+    assert stats["measured_peak_after"] <= stats["measured_stock_lower_bound"] <= stock_peak, (stats, stock_peak)
+    assert "stock" not in routes and routes.count("rewrite") == 2, routes  # the plan's forward and backward
 
 
 def test_budget_floor_is_full_on_the_measured_peak(stock_peak):

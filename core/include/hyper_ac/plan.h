@@ -67,16 +67,27 @@ struct PlanOptions {
   // it, and no plan measured above stock's is kept. Each distinct candidate is
   // measured once. Empty (the default): the simulation alone.
   std::function<std::int64_t(const std::string& plan_json)> peak_oracle;
+  // With peak_oracle: bytes a candidate's measured peak cannot be below,
+  // found without compiling (hyper_ac.backend: the values its forward saves,
+  // all alive when the backward starts), or -1. Asked for the stock partition
+  // only: a plan measured at or under stock's bound is under stock's measured
+  // peak, so the never-above-stock guard passes without measuring stock (a
+  // compile saved). Empty (the default): stock is measured.
+  std::function<std::int64_t(const std::string& plan_json)> peak_lower_bound;
 };
 
 // Budget mode with a peak oracle: the most frontier points measured past the
-// simulated choice (a bisection over the frontier, least recompute first), and
-// the most plans measured while raising a plan measured well under its target.
+// simulated choice (a bisection over the frontier, least recompute first).
 inline constexpr std::size_t kOracleBudgetProbes = 5;
 // Budget mode with a peak oracle: a plan measured more than this fraction
 // under its target leaves memory unused; the search raises the simulated target
-// (less recompute) while the measured peak still fits.
+// (less recompute) and keeps the raised plan if its measured peak still fits.
 inline constexpr double kBudgetMeasuredSlack = 0.01;
+// ... measuring at most this many raised plans: one raise by the measured
+// slack, which lands near the target (the two move about alike), and one
+// halfway back should it measure over. Each measurement is a compile; a longer
+// search bought little recompute for its compile time.
+inline constexpr std::size_t kOracleRaiseProbes = 2;
 
 struct PlanStats {
   std::size_t regions = 0;
@@ -126,6 +137,10 @@ struct PlanStats {
   // written to the plan JSON.
   std::int64_t measured_peak_after = -1;
   std::int64_t measured_stock_peak = -1;
+  // The stock partition's lower bound (PlanOptions::peak_lower_bound; -1: none
+  // asked or known). The plan measured at or under it: stock was not measured
+  // (measured_stock_peak -1).
+  std::int64_t measured_stock_lower_bound = -1;
   std::size_t oracle_calls = 0;
   bool measured_fallback = false;
   // full / selective with regions.output_recompute: the plan with it measured
