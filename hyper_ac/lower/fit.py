@@ -73,16 +73,6 @@ def _target_bytes(target: Any) -> int:
     return byte_size(target, "hyper_ac.fit: target")
 
 
-def _with(base: Config, **section: Any) -> Config:
-    """``base`` with keys of its ``activation_checkpoint`` section replaced, validated by the core."""
-    data = dict(base.data)
-    merged = {**data["activation_checkpoint"], **section}
-    if merged["mode"] != "budget":
-        merged.pop("memory_budget", None)  # a budget only in budget mode
-    data["activation_checkpoint"] = merged
-    return load_config(data)
-
-
 def _call(fn: Any, batch: Any) -> Any:
     if isinstance(batch, Mapping):
         return fn(**batch)
@@ -179,7 +169,7 @@ def fit(model: torch.nn.Module, batch: Any, target: Any, *, compiler: str = "ind
         raise ValueError(f"hyper_ac.fit: tolerance must be in (0, 1), got {tolerance!r}")
     try:
         base = load_config(config if config is not None else {"ac_mode": "budget", "ac_memory_budget": goal})
-        base = _with(base.with_compiler(compiler), mode="budget", memory_budget=float(goal))
+        base = base.with_compiler(compiler).with_options(mode="budget", memory_budget=float(goal))
     except ConfigError as error:
         raise ConfigError(f"hyper_ac.fit: {error}") from None
     if not base.facts["budget_bounds_step_peak"]:
@@ -209,8 +199,8 @@ def _search(model, batch, base: Config, compiler: str, goal: int, max_iterations
     steps: list = []
     budget: Optional[int] = goal + _resident_bytes(model, batch)
     while budget is not None and len(steps) < max_iterations:
-        steps.append(_try(model, batch, _with(base, mode="budget", memory_budget=float(budget)), compiler, budget,
-                          seed))
+        cfg = base.with_options(mode="budget", memory_budget=float(budget))
+        steps.append(_try(model, batch, cfg, compiler, budget, seed))
         last = steps[-1]
         if (1 - tolerance) * goal <= last.measured_peak <= goal:
             return steps
@@ -218,7 +208,7 @@ def _search(model, batch, base: Config, compiler: str, goal: int, max_iterations
             break  # below the simulated floor: a smaller figure gives the same plan
         budget = _next_budget(steps, goal)
     if not any(s.measured_peak <= goal for s in steps):
-        steps.append(_try(model, batch, _with(base, mode="full"), compiler, None, seed))
+        steps.append(_try(model, batch, base.with_options(mode="full"), compiler, None, seed))
     return steps
 
 

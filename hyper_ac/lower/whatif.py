@@ -79,15 +79,6 @@ def _row(mode: str, cfg: Config, stats: Mapping[str, Any], before: bool = False)
     )
 
 
-def _with_section(base: Config, **section: Any) -> Config:
-    data = dict(base.data)
-    merged = {**data["activation_checkpoint"], **section, "peak_oracle": "off"}  # nothing is run: no oracle
-    if merged["mode"] != "budget":
-        merged.pop("memory_budget", None)
-    data["activation_checkpoint"] = merged
-    return load_config(data)
-
-
 def plan_from_config(hf_config: Any, *, seq: int, batch: int = 1, dtype: str = "bf16",
                      config: Any = None, hardware: Any = None, compiler: Optional[str] = None,
                      device_memory: Any = None, reserve: Any = 0,
@@ -123,23 +114,26 @@ def plan_from_config(hf_config: Any, *, seq: int, batch: int = 1, dtype: str = "
 
     captured = capture_from_config(hf_config, seq=seq, batch=batch, dtype=dtype)
     graph_json = captured.to_json()
+
+    def planned(**keys: Any) -> Config:
+        return base.with_options(**keys, peak_oracle="off")  # nothing is run: no oracle
     rows: list[ModeRow] = []
     t0 = time.perf_counter()
     stats_full = None
     for mode in modes:
         if mode == "off":
             continue
-        cfg = _with_section(base, mode=mode)
+        cfg = planned(mode=mode)
         stats = plan(graph_json, cfg).stats
         if mode == "full":
             stats_full = stats
         rows.append(_row(mode, cfg, stats))
     if "off" in modes:  # off plans nothing: its figures are any plan's "before" (everything saved)
-        stats_off = stats_full if stats_full is not None else plan(graph_json, _with_section(base, mode="full")).stats
+        stats_off = stats_full if stats_full is not None else plan(graph_json, planned(mode="full")).stats
         rows.insert(0, _row("off", base, stats_off, before=True))
     fit = None
     if limit is not None:
-        cfg = _with_section(base, mode="budget", memory_budget=float(limit - reserve_bytes))
+        cfg = planned(mode="budget", memory_budget=float(limit - reserve_bytes))
         fit = _row("budget", cfg, plan(graph_json, cfg).stats)
         rows.append(fit)
     plan_seconds = time.perf_counter() - t0

@@ -69,8 +69,17 @@ class Config:
     def with_option(self, key: str, value: Any) -> "Config":
         """This config with one ``activation_checkpoint`` key set (nested name, e.g. ``"scope"``),
         validated again by the core: the one way to set an option on a config of either form."""
+        return self.with_options(**{key: value})
+
+    def with_options(self, **keys: Any) -> "Config":
+        """This config with these ``activation_checkpoint`` keys set, validated again by the core;
+        its ``memory_budget`` is dropped when the mode set is not ``budget`` (a budget belongs to
+        budget mode only)."""
         data = json.loads(self.to_json())
-        data["activation_checkpoint"][key] = value
+        section = {**data["activation_checkpoint"], **keys}
+        if section.get("mode") != "budget":
+            section.pop("memory_budget", None)
+        data["activation_checkpoint"] = section
         return load_config(data)
 
     @property
