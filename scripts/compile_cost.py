@@ -140,8 +140,14 @@ def main() -> None:
     text = "\n".join(out) + "\n"
     print(text)
     if args.out is not None:
+        meta = {"command": f"python scripts/compile_cost.py {argv}", "commit": commit,
+                "date": time.strftime("%Y-%m-%d"),
+                "machine": f"{platform.machine()}, {os.cpu_count()} CPU threads, CPython {platform.python_version()}",
+                "load": load, "torch": torch.__version__, "transformers": transformers.__version__,
+                "shape": shape, "rows": rows}
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.md").write_text(text)
+        (args.out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
 
 
 if __name__ == "__main__":
