@@ -145,7 +145,7 @@ void register_config(py::module_& m) {
 
 // PlanOptions::peak_oracle / peak_lower_bound from a Python callable (plan JSON text -> bytes or -1), called with
 // the GIL; the callable is referenced, never copied, so no reference count moves without it.
-std::function<std::int64_t(const std::string&)> peak_oracle_from(const std::optional<py::function>& oracle) {
+std::function<std::int64_t(const std::string&)> bytes_callback_from(const std::optional<py::function>& oracle) {
   if (!oracle) return {};
   const py::function* callable = &*oracle;
   return [callable](const std::string& plan_json) -> std::int64_t {
@@ -160,8 +160,8 @@ void register_planning(py::module_& m) {
                    bool timings, bool timeline, std::optional<std::vector<std::string>> stock_recomputed, bool detail,
                    bool unitless_to_stock, const std::optional<py::function>& peak_oracle,
                    const std::optional<py::function>& peak_lower_bound) {
-    auto oracle = peak_oracle_from(peak_oracle);
-    auto lower_bound = peak_oracle_from(peak_lower_bound);
+    auto oracle = bytes_callback_from(peak_oracle);
+    auto lower_bound = bytes_callback_from(peak_lower_bound);
     py::gil_scoped_release release;
     const auto started = std::chrono::steady_clock::now();
     auto loaded = load_padded(graph_json);
@@ -198,8 +198,8 @@ void register_planning(py::module_& m) {
                          bool timeline, std::optional<std::vector<std::string>> stock_recomputed, bool detail,
                          bool unitless_to_stock, const std::optional<py::function>& peak_oracle,
                          const std::optional<py::function>& peak_lower_bound) {
-    auto oracle = peak_oracle_from(peak_oracle);
-    auto lower_bound = peak_oracle_from(peak_lower_bound);
+    auto oracle = bytes_callback_from(peak_oracle);
+    auto lower_bound = bytes_callback_from(peak_lower_bound);
     py::gil_scoped_release release;
     auto loaded = load_padded(graph_json);
     PlanOptions options = options_for(config_json, op_policy_json);

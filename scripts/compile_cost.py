@@ -82,7 +82,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--modes", nargs="+", default=["stock", "full", "auto", "budget 0.5"])
-    parser.add_argument("--out", type=Path, default=None, help="write results.md here (else stdout only)")
+    parser.add_argument("--out", type=Path, default=None, help="write results.md and meta.json here (else stdout only)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

@@ -307,7 +307,7 @@ void run_plan(const Graph& graph, const PlanOptions& options, PlanResult& result
   result.stats.simulated_activation_peak_before = before.peak_bytes;
 
   Evaluation evaluation;
-  if (config.mode == Mode::Auto && stages.cost.hardware.measured) {
+  if (config.mode == Mode::Auto && (stages.cost.hardware.measured || options.peak_oracle)) {
     evaluation = choose_knee(graph, index, stages, result);
     if (options.stock_recomputed)
       compare_with_stock(graph, index, *options.stock_recomputed, stages.cost, unit_schedule(result.scope), result,

@@ -1,4 +1,4 @@
-// auto under hardware: measured (plan_search.h): the knee of the frontier, then
+// auto's knee (plan.h kKneeSlowdown; plan_search.h): the knee of the frontier, then
 // the budget's descent past the allowance.
 #include <algorithm>
 #include <cstdint>
@@ -105,19 +105,20 @@ Evaluation choose_knee(const Graph& graph, const detail::NodeIndex& index, const
   const KneeDescent descended =
       within ? descend_past_allowance(graph, index, stages, frontier, figures, allowance, schedule, seconds, result, chosen)
              : KneeDescent{};
-  char ratio[32], lambda[32];
+  char ratio[32], lambda[32], aim[32];
+  std::snprintf(aim, sizeof aim, "%.2f", 1.0 + kKneeSlowdown);
   std::snprintf(lambda, sizeof lambda, "%.3g", chosen.lambda);
   std::snprintf(ratio, sizeof ratio, "%.2f%%", base > 0.0 ? 100.0 * chosen.recompute_seconds / base : 0.0);
   result.diagnostics.push_back(
       {Severity::Info, -1,
-       "auto (hardware: measured) chose the knee: lambda " + std::string(lambda) +
+       "auto chose the knee: lambda " + std::string(lambda) +
            ", " + scored_figure(result.scope) + " " + format_bytes(scored_bytes(chosen, result.scope)) + ", recompute " +
            format_seconds(chosen.recompute_seconds) + " = " + ratio + " of the step's " + format_seconds(base) +
-           " (aim: least peak at <= 1.02x step time; " + std::to_string(frontier.points.size()) + " frontier points" +
+           " (aim: least peak at <= " + aim + "x step time; " + std::to_string(frontier.points.size()) + " frontier points" +
            (descended.steps > 0 ? "; found between frontier points by saving again within a peak (" +
                                       std::to_string(descended.evaluations) + " evaluations)"
                                 : "") +
-           (within || !any ? "" : "; none within 2%: the least-recompute one") + ")"});
+           (within || !any ? "" : "; none within the allowance: the least-recompute one") + ")"});
   if (!frontier.complete)
     result.diagnostics.push_back({Severity::Info, -1,
                                   "frontier search stopped after " + std::to_string(frontier.solves) +

@@ -1,8 +1,9 @@
 // Internal to the core: what plan() (plan.cc) shares with its searches, each
 // in a file of its own: plan_budget.cc (budget mode: the frontier walk, the
 // descent, the measured continuation), plan_knee.cc (auto's knee under
-// hardware: measured) and plan_stock.cc (never worse than stock: the simulated
-// comparison, the peak oracle's guard and output_recompute's check).
+// hardware: measured or a peak oracle) and plan_stock.cc (never worse than
+// stock: the simulated comparison, the peak oracle's guard and
+// output_recompute's check).
 #pragma once
 
 #include <chrono>
@@ -134,8 +135,8 @@ Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& ind
                                 const StageOptions& stages, const SimulateResult& all_saved, PlanResult& result,
                                 BudgetSearch& search);
 
-// auto under hardware: measured: the knee of the frontier (kKneeSlowdown,
-// plan.h), then descend_past_allowance.
+// auto under hardware: measured or a peak oracle: the knee of the frontier
+// (kKneeSlowdown, plan.h), then descend_past_allowance.
 Evaluation choose_knee(const Graph& graph, const detail::NodeIndex& index, const StageOptions& stages,
                        PlanResult& result);
 
@@ -208,7 +209,6 @@ class MeasuredPeaks {
     return as_plan;
   }
 
-
   // Keyed by what the measured step depends on: the route, the per-node policies and the
   // duplicates with their insertion points (not the stats or notes the document also carries).
   std::int64_t ask(const PlanResult& as_plan) {
@@ -257,11 +257,12 @@ void weigh_output_recompute(const Graph& graph, const detail::NodeIndex& index, 
 // No plan measured above stock: with a peak oracle, a plan that rewrites is
 // measured against the stock partition; above it, nothing is rewritten (the
 // stock route) and a warning names both figures. Stock is not measured when
-// the plan measures at or under stock's lower bound (PlanOptions::peak_lower_bound). A graph the model tagged
-// itself keeps its tags (stock's partition carries them out alike). Not under
-// unit_graph: a block's own peak is a transient that occurs once, while what
-// stacks up over the model's blocks is the bytes each saves, which fusion
-// does not change and the simulation scores exactly (ScopeRule::UnitGraph).
+// the plan measures at or under stock's lower bound
+// (PlanOptions::peak_lower_bound). A graph the model tagged itself keeps its
+// tags (stock's partition carries them out alike). Not under unit_graph: a
+// block's own peak is a transient that occurs once, while what stacks up over
+// the model's blocks is the bytes each saves, which fusion does not change
+// and the simulation scores exactly (ScopeRule::UnitGraph).
 void guard_with_measured(const Graph& graph, const detail::NodeIndex& index, const StageOptions& stages,
                          MeasuredPeaks& measured, PlanResult& result, Evaluation& evaluation);
 

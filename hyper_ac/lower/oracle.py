@@ -33,6 +33,7 @@ import torch
 import torch.fx as fx
 
 from hyper_ac import fx_meta
+from hyper_ac._fx import copy_graph_module
 from hyper_ac.planning import plan_doc
 
 __all__ = ["InductorDryRun", "dry_run_peak", "dry_running", "forward_outputs_bytes", "stubbed_kernels"]
@@ -223,8 +224,6 @@ class InductorDryRun:
     def __init__(self, joint: fx.GraphModule, partition: Callable[[fx.GraphModule, dict], tuple],
                  patches: Callable[[bool], dict] = lambda is_backward: {}) -> None:
         self._partition, self._patches = partition, patches
-        from hyper_ac._fx import copy_graph_module
-
         # Inputs a dry run cannot make (a DTensor's mesh, a device tensor) rule the graph out before any work.
         self._unmeasurable = why_not_measurable(joint)
         self._joint = None if self._unmeasurable else copy_graph_module(joint)  # before any plan touches it
@@ -233,8 +232,6 @@ class InductorDryRun:
         self._partitioned: dict[str, tuple] = {}  # plan text -> modules, from lower_bound for __call__
 
     def _modules(self, plan_text: str, plan: dict) -> tuple:
-        from hyper_ac._fx import copy_graph_module
-
         if plan_text in self._partitioned:
             return self._partitioned.pop(plan_text)
         return self._partition(copy_graph_module(self._joint), plan)
@@ -244,8 +241,6 @@ class InductorDryRun:
         under (:func:`forward_outputs_bytes` of its partition), found without compiling; -1
         where the dry run could not measure it either. The partition is kept for a
         measurement of the same candidate."""
-        from hyper_ac._fx import copy_graph_module
-
         plan = json.loads(plan_text)
         if self._unmeasurable:
             return -1

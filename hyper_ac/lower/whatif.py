@@ -117,6 +117,7 @@ def plan_from_config(hf_config: Any, *, seq: int, batch: int = 1, dtype: str = "
 
     def planned(**keys: Any) -> Config:
         return base.with_options(**keys, peak_oracle="off")  # nothing is run: no oracle
+
     rows: list[ModeRow] = []
     t0 = time.perf_counter()
     stats_full = None
