@@ -36,7 +36,8 @@ HAC_BYTE_FRACTIONS = (0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6, 0.55, 0.5, 0.45, 0.4
 # activation bytes each block saves when it saves everything
 HAC_BLOCK_FRACTIONS = (0.9, 0.7, 0.5, 0.4, 0.3, 0.1)
 # hyper_ac modes, by point name: (ac_mode, hardware or None for the config's own). "auto (measured)":
-# auto under `hardware: measured`, which aims at the knee "least peak at <= 1.02x step time"
+# auto under `hardware: measured`, priced by measured op times; both aim at the knee "least peak at
+# <= 1.05x step time" under Inductor's dry run (docs/config.md, "auto's aim")
 HAC_MODES = {"auto": ("auto", None), "auto (measured)": ("auto", "measured"), "full": ("full", None),
              "output_recompute": ("output_recompute", None)}
 SYSTEMS = ("stock", "torch_budget", "checkpoint_wrapper", "sac", "hf_ckpt", "hyper_ac", "hyper_ac_block")
