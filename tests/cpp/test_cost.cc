@@ -193,6 +193,16 @@ std::int64_t least_peak_within(const std::vector<Evaluation>& points, double all
   return best;
 }
 
+// The knee's stats: the step priced on the plan's own profile, and the allowance kKneeSlowdown of it.
+double check_knee_stats(const Graph& graph, const PlanOptions& options, const PlanResult& result) {
+  CostOptions cost;
+  cost.hardware = options.config.mincut.hardware;
+  const double base = step_seconds(graph, cost);
+  CHECK(result.stats.step_seconds == Approx(base));
+  CHECK(result.stats.knee_allowance_seconds == Approx(kKneeSlowdown * base));
+  return base;
+}
+
 }  // namespace
 
 TEST_CASE("auto under hardware: measured takes the knee: least peak within kKneeSlowdown of the step", "[cost][plan][knee]") {
@@ -200,11 +210,7 @@ TEST_CASE("auto under hardware: measured takes the knee: least peak within kKnee
     const Graph graph = timed_blocks(3, 1e-3, 1e-3);
     const PlanOptions options = measured_auto();
     const PlanResult result = plan(graph, options);
-    CostOptions cost;
-    cost.hardware = options.config.mincut.hardware;
-    const double base = step_seconds(graph, cost);
-    CHECK(result.stats.step_seconds == Approx(base));
-    CHECK(result.stats.knee_allowance_seconds == Approx(kKneeSlowdown * base));
+    const double base = check_knee_stats(graph, options, result);
     const std::vector<Evaluation> points = frontier(graph, options);
     REQUIRE(points.size() >= 3);
     CHECK(result.stats.knee_points == points.size());
@@ -249,11 +255,7 @@ TEST_CASE("auto under hardware: measured takes the knee: least peak within kKnee
     };
     const PlanResult result = plan(graph, options);
     const PlanResult single_cut = plan(graph, roofline);
-    CostOptions cost;
-    cost.hardware = options.config.mincut.hardware;
-    const double base = step_seconds(graph, cost);
-    CHECK(result.stats.step_seconds == Approx(base));
-    CHECK(result.stats.knee_allowance_seconds == Approx(kKneeSlowdown * base));
+    const double base = check_knee_stats(graph, options, result);
     CHECK(result.stats.recompute_seconds <= kKneeSlowdown * base);
     CHECK(result.stats.simulated_peak_after <= least_peak_within(frontier(graph, options), kKneeSlowdown * base));
     // The knee is a different plan from the fixed exchange rate's cut here, or this checks nothing new.
