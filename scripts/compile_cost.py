@@ -4,8 +4,9 @@ Per mode, one fresh process with an empty Inductor cache (``TORCHINDUCTOR_CACHE_
 in a new temporary directory): the first training step of a freshly built model is
 timed (**cold**: Inductor writes and builds its C++ kernels), then the first step of a
 second freshly built model in the same process (**warm**: Inductor's FX graph and
-kernel caches hit; hyper_ac's dry runs do not use them, docs/mincut.md "Measured
-peaks"). Each hyper_ac mode compiles through ``hyper_ac.backend(config,
+kernel caches hit). hyper_ac's dry runs compile as the real compile will and share
+the FX graph cache with it (docs/mincut.md "Measured peaks"): cold, the kept
+candidate's real compile loads its dry run's work; warm, the dry runs hit too. Each hyper_ac mode compiles through ``hyper_ac.backend(config,
 compiler="inductor")``; its row gives the plan's ``oracle_calls`` (dry runs, one
 Inductor compile each without the C++ builds) and whether stock's lower bound
 spared stock's dry run. The ratio is the mode's compile over stock's, cold to
@@ -124,7 +125,7 @@ def main() -> None:
         "",
         f"{shape}. Per mode one fresh process with an empty Inductor cache: **cold** is the first step of a",
         "fresh model (Inductor builds its C++ kernels), **warm** the first step of a second fresh model in the same",
-        "process (Inductor's caches hit; hyper_ac's dry runs do not use them). Dry runs: the plan's `oracle_calls`",
+        "process (Inductor's caches hit, hyper_ac's dry runs' included). Dry runs: the plan's `oracle_calls`",
         "in the cold compile, then the warm one; stock dry-run: whether stock was measured for the never-above-stock",
         "guard (no: stock's lower bound sufficed).",
         "",

@@ -183,10 +183,13 @@ class _PartitionStep:
         # (docs/mincut.md, "Measured peaks"): its dry run of this joint graph, partitioned as here.
         oracle = None
         if self.lowering == "tag" and facts["peak_oracle"] and not self.tag_only:
-            from hyper_ac.lower.oracle import InductorDryRun
+            from hyper_ac.lower.oracle import InductorDryRun, RealCompile
 
+            # Compiled as the real compile will be, the kept candidate's dry run leaves it Inductor's work.
+            real = RealCompile.of(joint, self.current.get("dynamo_graph"), len(self.current.get("example_inputs", ())),
+                                  kwargs)
             oracle = InductorDryRun(joint, functools.partial(partition_as_planned, joint_inputs=joint_inputs, **kwargs),
-                                    patches=functools.partial(inductor_patches, self.cfg))
+                                    patches=functools.partial(inductor_patches, self.cfg), real=real)
         # With graph breaks, a piece of the step (say, only the loss) may hold no block:
         # the core routes it to stock with a warning (route_reason no_units).
         result = plan(joint, self.cfg, self.model, with_split=own_split, stock_recomputed=baseline,
@@ -309,7 +312,7 @@ def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: s
         def compile_inductor(gm: fx.GraphModule, example_inputs: list):
             import torch._functorch.config as functorch_config
 
-            current["example_inputs"] = list(example_inputs)
+            current["example_inputs"], current["dynamo_graph"] = list(example_inputs), gm
             # A cache hit would skip the partition step, and with it this config's plan.
             with torch._inductor.config.patch(custom_partitioner_fn=partitioner), \
                     functorch_config.patch(enable_autograd_cache=False):

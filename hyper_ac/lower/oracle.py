@@ -18,14 +18,26 @@ the peak beyond the inputs; -1 where it cannot (a non-CPU or symbolic-shape
 graph, opaque inputs such as a DTensor's mesh, a failure of the dry run, which
 is warned about once). The core decides what the figure means; nothing here
 chooses a plan.
+
+A dry run compiles each module as the real compile will (:class:`RealCompile`:
+the same arguments to Inductor, the same donated buffers and user-visible
+outputs), so its work lands in Inductor's FX graph cache under the real
+compile's key: the candidate the core keeps is then compiled for real from the
+cache (its lowering and code generation done once; only the C++ kernels, stubbed
+here, are built). What the cache does not key on (the donated buffers, the
+outputs' strides kept) is set as the real compile sets it, so a hit loads what
+the real compile would have generated.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
+import functools
 import json
 import time
+import types
 import warnings
 from typing import Any, Callable, Iterator, Optional
 
@@ -36,7 +48,7 @@ from hyper_ac import fx_meta
 from hyper_ac._fx import copy_graph_module
 from hyper_ac.planning import plan_doc
 
-__all__ = ["InductorDryRun", "dry_run_peak", "dry_running", "forward_outputs_bytes", "stubbed_kernels"]
+__all__ = ["InductorDryRun", "RealCompile", "dry_run_peak", "dry_running", "forward_outputs_bytes", "stubbed_kernels"]
 
 _MEASURING: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("hyper_ac_dry_run", default=None)
 
@@ -52,8 +64,11 @@ def _noop(*_args: Any, **_kwargs: Any) -> None:
 
 
 @contextlib.contextmanager
-def stubbed_kernels() -> Iterator[None]:
-    """Inductor's C++ kernels compiled as no-ops, its FX graph cache off, for as long as the block runs.
+def stubbed_kernels(graph_cache: bool = False) -> Iterator[None]:
+    """Inductor's C++ kernels compiled as no-ops for as long as the block runs; its FX graph cache
+    off unless ``graph_cache`` (the compile is keyed as the real one: :class:`RealCompile`). The
+    cache keeps the generated wrapper, whose kernels are built when it is loaded: a stubbed
+    kernel never reaches it.
 
     Afterwards the loaded-module cache is cleared: it is keyed by the wrapper's
     source, and a real compile of the same source would get the stubbed module back."""
@@ -64,7 +79,7 @@ def stubbed_kernels() -> Iterator[None]:
     AsyncCompile.cpp = lambda self, source_code: _noop
     AsyncCompile.cpp_pybinding = lambda self, argtypes, source_code: _noop
     try:
-        with torch._inductor.config.patch(fx_graph_cache=False, compile_threads=1):
+        with torch._inductor.config.patch(compile_threads=1, **({} if graph_cache else {"fx_graph_cache": False})):
             yield
     finally:
         AsyncCompile.cpp, AsyncCompile.cpp_pybinding = saved
@@ -169,31 +184,114 @@ def forward_outputs_bytes(forward: fx.GraphModule) -> int:
     return sum(largest.values())
 
 
+@dataclasses.dataclass(frozen=True)
+class RealCompile:
+    """What Inductor's real compile of a joint graph's modules is told beyond the modules
+    (``compile_fx``'s forward and backward compilers, aot_autograd's metadata); a dry run
+    told the same compiles to the real compile's FX graph cache key and code."""
+
+    dynamo_graph: fx.GraphModule  # the graph compile_fx was called with: its outputs are the user's
+    num_example_inputs: int  # its inputs
+    static_input_indices: tuple  # the partition's static_lifetime_input_indices (parameters, buffers)
+    num_fwd_outputs: int  # the forward's outputs before the saved values (the partition's num_fwd_outputs)
+    num_mutated_inputs: int  # of those, the leading updated inputs aot_autograd returns
+
+    @classmethod
+    def of(cls, joint: fx.GraphModule, dynamo_graph: Optional[fx.GraphModule], num_example_inputs: Optional[int],
+           partition_kwargs: dict) -> Optional["RealCompile"]:
+        """The real compile of ``joint`` (the partition step's graph and arguments); None where
+        it cannot be told (no dynamo graph, a joint output without aot_autograd's descriptors)."""
+        from torch._functorch._aot_autograd.descriptors import InputMutationAOTOutput
+
+        descs = fx_meta.desc(joint.graph.find_nodes(op="output")[0])
+        if dynamo_graph is None or num_example_inputs is None or descs is None:
+            return None
+        mutated = 0
+        while mutated < len(descs) and isinstance(descs[mutated], InputMutationAOTOutput):
+            mutated += 1
+        return cls(dynamo_graph, num_example_inputs, tuple(partition_kwargs.get("static_lifetime_input_indices") or ()),
+                   partition_kwargs["num_fwd_outputs"], mutated)
+
+
+def _saves_symints(forward: fx.GraphModule, num_fwd_outputs: int) -> bool:
+    outputs = forward.graph.find_nodes(op="output")[0].args[0][num_fwd_outputs:]
+    return any(isinstance(fx_meta.val(arg), torch.SymInt) for arg in outputs if isinstance(arg, fx.Node))
+
+
+def _donated_backward_inputs(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs: int) -> Optional[list]:
+    """The backward inputs Inductor may reuse as buffers (saved values nothing else holds), as
+    aot_autograd finds them for the real backward (``collect_bw_donated_buffer_idxs``)."""
+    import torch._functorch.config as functorch_config
+    from torch._functorch._aot_autograd.graph_compile import collect_bw_donated_buffer_idxs
+
+    if not functorch_config.donated_buffer:
+        return None
+    saved = [fx_meta.val(arg) if isinstance(arg, fx.Node) else arg
+             for arg in forward.graph.find_nodes(op="output")[0].args[0][num_fwd_outputs:]]
+    # Saved tensors first, then opaque objects and symints (the partition's order).
+    trailing = len(saved) - next((k for k in range(len(saved), 0, -1) if isinstance(saved[k - 1], torch.Tensor)), 0)
+    metadata = types.SimpleNamespace(
+        num_forward=num_fwd_outputs, num_symints_saved_for_bw=sum(isinstance(v, torch.SymInt) for v in saved),
+        tensors_saved_for_backwards_slice=slice(num_fwd_outputs, num_fwd_outputs + len(saved) - trailing))
+    return collect_bw_donated_buffer_idxs(forward, backward, metadata)
+
+
+def _compile(forward: fx.GraphModule, backward: fx.GraphModule, forward_inputs: list, output_names: list,
+             patches: Callable[[bool], dict], real: Optional[RealCompile]) -> tuple:
+    """(forward, backward, the backward's example inputs) compiled by Inductor with stubbed kernels."""
+    import torch._inductor.compile_fx as compile_fx_module
+    from torch._guards import TracingContext, detect_fake_mode, tracing
+
+    # A context of its own: Inductor reports the forward's output strides into it, as into
+    # aot_autograd's, and nothing of the real compile's context is touched.
+    context = TracingContext(detect_fake_mode(forward_inputs))
+    if real is None:
+        with stubbed_kernels(), tracing(context):
+            with torch._inductor.config.patch(patches(False)), TracingContext.report_output_strides() as strides:
+                run_forward = compile_fx_module.compile_fx_inner(forward, forward_inputs)
+            backward_inputs = _restrided(backward, output_names, strides)
+            with torch._inductor.config.patch(patches(True)):
+                run_backward = compile_fx_module.compile_fx_inner(backward, backward_inputs, is_backward=True)
+        return run_forward, run_backward, backward_inputs
+    # As compile_fx compiles them: its forward and backward compilers, aot_autograd's metadata in the context.
+    context.fw_metadata = types.SimpleNamespace(
+        static_input_indices=list(real.static_input_indices), num_mutated_inp_runtime_indices=real.num_mutated_inputs,
+        bw_donated_idxs=_donated_backward_inputs(forward, backward, real.num_fwd_outputs))
+    extra = compile_fx_module.create_compiler_config_extra(real.dynamo_graph)
+    inner = functools.partial(lambda *args, **kwargs: compile_fx_module.compile_fx_inner(*args, **kwargs),
+                              get_decomp_fn=compile_fx_module.select_decomp_table)
+    # aot_autograd lowers a backward without saved symints lazily, at its first call: outside the
+    # backend's partition step, hence without its custom_partitioner_fn in the config.
+    lazy_backward = {} if _saves_symints(forward, real.num_fwd_outputs) else {"custom_partitioner_fn": None}
+    with stubbed_kernels(graph_cache=True), tracing(context):
+        with torch._inductor.config.patch(patches(False)), TracingContext.report_output_strides() as strides:
+            run_forward = compile_fx_module.compile_fx_forward(
+                forward, forward_inputs, num_orig_model_outputs=compile_fx_module.get_num_model_outputs(real.dynamo_graph),
+                num_example_inputs=real.num_example_inputs, compiler_config_extra=extra, inner_compile=inner)
+        backward_inputs = _restrided(backward, output_names, strides)
+        with torch._inductor.config.patch({**patches(True), **lazy_backward}):
+            run_backward = compile_fx_module.compile_fx_backward(backward, backward_inputs, compiler_config_extra=extra,
+                                                                 inner_compile=inner)
+    return run_forward, run_backward, backward_inputs
+
+
 def dry_run_peak(forward: fx.GraphModule, backward: fx.GraphModule,
-                 patches: Callable[[bool], dict] = lambda is_backward: {}) -> int:
+                 patches: Callable[[bool], dict] = lambda is_backward: {}, real: Optional[RealCompile] = None) -> int:
     """The bytes a step of these partitioned modules holds at its peak beyond its inputs:
     both compiled by Inductor with stubbed kernels, run once on zero-filled inputs (the
     forward's user outputs freed after it, the gradients kept to the end, as in a step
     whose output is reduced to a loss). ``patches(is_backward)``: the Inductor config each
-    module compiles under, as the real compile's."""
-    from torch._inductor.compile_fx import compile_fx_inner
+    module compiles under, as the real compile's. ``real``: the real compile's arguments,
+    with which the dry run compiles as it will (and leaves its work in the FX graph cache);
+    None compiles with Inductor's defaults, the cache off."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     from hyper_ac import memory
 
-    from torch._guards import TracingContext, detect_fake_mode, tracing
-
     forward_inputs = [fx_meta.val(node) for node in _placeholders(forward)]
     output_names = [arg.name if isinstance(arg, fx.Node) else None
                     for arg in forward.graph.find_nodes(op="output")[0].args[0]]
-    # A context of its own: Inductor reports the forward's output strides into it, as into
-    # aot_autograd's, and nothing of the real compile's context is touched.
-    with stubbed_kernels(), tracing(TracingContext(detect_fake_mode(forward_inputs))):
-        with torch._inductor.config.patch(patches(False)), TracingContext.report_output_strides() as strides:
-            run_forward = compile_fx_inner(forward, forward_inputs)
-        backward_inputs = _restrided(backward, output_names, strides)
-        with torch._inductor.config.patch(patches(True)):
-            run_backward = compile_fx_inner(backward, backward_inputs, is_backward=True)
+    run_forward, run_backward, backward_inputs = _compile(forward, backward, forward_inputs, output_names, patches, real)
     with unset_fake_temporarily():
         args = [_zeros_like(value) for value in forward_inputs]
         with memory.track() as tracked:
@@ -222,8 +320,8 @@ class InductorDryRun:
     seconds) per measurement."""
 
     def __init__(self, joint: fx.GraphModule, partition: Callable[[fx.GraphModule, dict], tuple],
-                 patches: Callable[[bool], dict] = lambda is_backward: {}) -> None:
-        self._partition, self._patches = partition, patches
+                 patches: Callable[[bool], dict] = lambda is_backward: {}, real: Optional[RealCompile] = None) -> None:
+        self._partition, self._patches, self._real = partition, patches, real
         # Inputs a dry run cannot make (a DTensor's mesh, a device tensor) rule the graph out before any work.
         self._unmeasurable = why_not_measurable(joint)
         self._joint = None if self._unmeasurable else copy_graph_module(joint)  # before any plan touches it
@@ -265,7 +363,7 @@ class InductorDryRun:
         patches = self._patches if plan_doc.route(plan) != "stock" else (lambda is_backward: {})
         token = _MEASURING.set(plan_doc.route(plan))
         try:
-            peak = dry_run_peak(forward, backward, patches)
+            peak = dry_run_peak(forward, backward, patches, self._real)
         except Exception as error:  # the simulation stands; say why once
             return self._cannot(plan, f"the dry run failed: {type(error).__name__}: {error}", started)
         finally:

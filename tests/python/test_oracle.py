@@ -177,3 +177,36 @@ def test_output_recompute_measures_no_higher_than_full(stock_peak):
     assert with_it <= full + SLACK_BYTES, (with_it, full, stats)
     assert with_it < stock_peak
     assert stats["measured_peak_after"] >= 0 and "output_recompute_refused" in stats
+
+
+def test_the_real_compile_loads_the_kept_dry_run_from_the_cache():
+    """Each dry run compiles as the real compile will (RealCompile): with an empty Inductor cache, every
+    dry-run module is a miss and the real forward and backward both hit (the kept candidate's), and the
+    modules loaded from the cache run real kernels: the step's loss and gradients are eager's."""
+    import copy
+
+    import torch._functorch.config as functorch_config
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import fresh_cache
+
+    torch._dynamo.reset()
+    model, batch = _model()
+    reference = copy.deepcopy(model)
+    plans: list = []
+    run = torch.compile(model, backend=hyper_ac.backend({"ac_mode": "full"}, model=model, compiler="inductor",
+                                                        on_result=lambda r: plans.append(r.plan)))
+    counters.clear()
+    with fresh_cache(), functorch_config.patch(enable_autograd_cache=False), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loss = run(**batch).loss
+        loss.backward()
+    torch._dynamo.reset()
+    dry_runs = plans[0]["stats"]["oracle_calls"]
+    assert dry_runs >= 1
+    assert counters["inductor"]["fxgraph_cache_hit"] == 2, dict(counters["inductor"])
+    assert counters["inductor"]["fxgraph_cache_miss"] == 2 * dry_runs, dict(counters["inductor"])
+    expected = reference(**batch).loss
+    expected.backward()
+    torch.testing.assert_close(loss, expected)
+    for (name, got), want in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
