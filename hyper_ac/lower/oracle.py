@@ -197,14 +197,14 @@ class RealCompile:
     num_mutated_inputs: int  # of those, the leading updated inputs aot_autograd returns
 
     @classmethod
-    def of(cls, joint: fx.GraphModule, dynamo_graph: Optional[fx.GraphModule], num_example_inputs: Optional[int],
+    def of(cls, joint: fx.GraphModule, dynamo_graph: Optional[fx.GraphModule], num_example_inputs: int,
            partition_kwargs: dict) -> Optional["RealCompile"]:
         """The real compile of ``joint`` (the partition step's graph and arguments); None where
         it cannot be told (no dynamo graph, a joint output without aot_autograd's descriptors)."""
         from torch._functorch._aot_autograd.descriptors import InputMutationAOTOutput
 
         descs = fx_meta.desc(joint.graph.find_nodes(op="output")[0])
-        if dynamo_graph is None or num_example_inputs is None or descs is None:
+        if dynamo_graph is None or descs is None:
             return None
         mutated = 0
         while mutated < len(descs) and isinstance(descs[mutated], InputMutationAOTOutput):
@@ -213,9 +213,10 @@ class RealCompile:
                    partition_kwargs["num_fwd_outputs"], mutated)
 
 
-def _saves_symints(forward: fx.GraphModule, num_fwd_outputs: int) -> bool:
-    outputs = forward.graph.find_nodes(op="output")[0].args[0][num_fwd_outputs:]
-    return any(isinstance(fx_meta.val(arg), torch.SymInt) for arg in outputs if isinstance(arg, fx.Node))
+def _saved_values(forward: fx.GraphModule, num_fwd_outputs: int) -> list:
+    """What the forward saves for the backward (its outputs after the user's), as values."""
+    return [fx_meta.val(arg) if isinstance(arg, fx.Node) else arg
+            for arg in forward.graph.find_nodes(op="output")[0].args[0][num_fwd_outputs:]]
 
 
 def _donated_backward_inputs(forward: fx.GraphModule, backward: fx.GraphModule, num_fwd_outputs: int) -> Optional[list]:
@@ -226,13 +227,12 @@ def _donated_backward_inputs(forward: fx.GraphModule, backward: fx.GraphModule, 
 
     if not functorch_config.donated_buffer:
         return None
-    saved = [fx_meta.val(arg) if isinstance(arg, fx.Node) else arg
-             for arg in forward.graph.find_nodes(op="output")[0].args[0][num_fwd_outputs:]]
+    saved = _saved_values(forward, num_fwd_outputs)
     # Saved tensors first, then opaque objects and symints (the partition's order).
-    trailing = len(saved) - next((k for k in range(len(saved), 0, -1) if isinstance(saved[k - 1], torch.Tensor)), 0)
+    num_tensors = next((k for k, value in enumerate(saved) if not isinstance(value, torch.Tensor)), len(saved))
     metadata = types.SimpleNamespace(
         num_forward=num_fwd_outputs, num_symints_saved_for_bw=sum(isinstance(v, torch.SymInt) for v in saved),
-        tensors_saved_for_backwards_slice=slice(num_fwd_outputs, num_fwd_outputs + len(saved) - trailing))
+        tensors_saved_for_backwards_slice=slice(num_fwd_outputs, num_fwd_outputs + num_tensors))
     return collect_bw_donated_buffer_idxs(forward, backward, metadata)
 
 
@@ -245,14 +245,35 @@ def _compile(forward: fx.GraphModule, backward: fx.GraphModule, forward_inputs: 
     # A context of its own: Inductor reports the forward's output strides into it, as into
     # aot_autograd's, and nothing of the real compile's context is touched.
     context = TracingContext(detect_fake_mode(forward_inputs))
-    if real is None:
-        with stubbed_kernels(), tracing(context):
-            with torch._inductor.config.patch(patches(False)), TracingContext.report_output_strides() as strides:
-                run_forward = compile_fx_module.compile_fx_inner(forward, forward_inputs)
-            backward_inputs = _restrided(backward, output_names, strides)
-            with torch._inductor.config.patch(patches(True)):
-                run_backward = compile_fx_module.compile_fx_inner(backward, backward_inputs, is_backward=True)
-        return run_forward, run_backward, backward_inputs
+    # compile_fx_inner looked up at each call, as compile_fx's own inner compile (and a spy) sees it.
+    inner: Callable = lambda *args, **kwargs: compile_fx_module.compile_fx_inner(*args, **kwargs)  # noqa: E731
+    if real is None:  # Inductor's defaults, the cache off
+        compile_forward = inner
+        compile_backward = functools.partial(inner, is_backward=True)
+        backward_config: dict = {}
+    else:  # as compile_fx compiles them: its forward and backward compilers, aot_autograd's metadata in the context
+        context.fw_metadata = types.SimpleNamespace(
+            static_input_indices=list(real.static_input_indices), num_mutated_inp_runtime_indices=real.num_mutated_inputs,
+            bw_donated_idxs=_donated_backward_inputs(forward, backward, real.num_fwd_outputs))
+        extra = compile_fx_module.create_compiler_config_extra(real.dynamo_graph)
+        inner = functools.partial(inner, get_decomp_fn=compile_fx_module.select_decomp_table)
+        compile_forward = functools.partial(
+            compile_fx_module.compile_fx_forward, compiler_config_extra=extra, inner_compile=inner,
+            num_orig_model_outputs=compile_fx_module.get_num_model_outputs(real.dynamo_graph),
+            num_example_inputs=real.num_example_inputs)
+        compile_backward = functools.partial(compile_fx_module.compile_fx_backward, compiler_config_extra=extra,
+                                             inner_compile=inner)
+        # aot_autograd lowers a backward without saved symints lazily, at its first call: outside the
+        # backend's partition step, hence without its custom_partitioner_fn in the config.
+        lazy = not any(isinstance(value, torch.SymInt) for value in _saved_values(forward, real.num_fwd_outputs))
+        backward_config = {"custom_partitioner_fn": None} if lazy else {}
+    with stubbed_kernels(graph_cache=real is not None), tracing(context):
+        with torch._inductor.config.patch(patches(False)), TracingContext.report_output_strides() as strides:
+            run_forward = compile_forward(forward, forward_inputs)
+        backward_inputs = _restrided(backward, output_names, strides)
+        with torch._inductor.config.patch({**patches(True), **backward_config}):
+            run_backward = compile_backward(backward, backward_inputs)
+    return run_forward, run_backward, backward_inputs
     # As compile_fx compiles them: its forward and backward compilers, aot_autograd's metadata in the context.
     context.fw_metadata = types.SimpleNamespace(
         static_input_indices=list(real.static_input_indices), num_mutated_inp_runtime_indices=real.num_mutated_inputs,
