@@ -274,26 +274,6 @@ def _compile(forward: fx.GraphModule, backward: fx.GraphModule, forward_inputs: 
         with torch._inductor.config.patch({**patches(True), **backward_config}):
             run_backward = compile_backward(backward, backward_inputs)
     return run_forward, run_backward, backward_inputs
-    # As compile_fx compiles them: its forward and backward compilers, aot_autograd's metadata in the context.
-    context.fw_metadata = types.SimpleNamespace(
-        static_input_indices=list(real.static_input_indices), num_mutated_inp_runtime_indices=real.num_mutated_inputs,
-        bw_donated_idxs=_donated_backward_inputs(forward, backward, real.num_fwd_outputs))
-    extra = compile_fx_module.create_compiler_config_extra(real.dynamo_graph)
-    inner = functools.partial(lambda *args, **kwargs: compile_fx_module.compile_fx_inner(*args, **kwargs),
-                              get_decomp_fn=compile_fx_module.select_decomp_table)
-    # aot_autograd lowers a backward without saved symints lazily, at its first call: outside the
-    # backend's partition step, hence without its custom_partitioner_fn in the config.
-    lazy_backward = {} if _saves_symints(forward, real.num_fwd_outputs) else {"custom_partitioner_fn": None}
-    with stubbed_kernels(graph_cache=True), tracing(context):
-        with torch._inductor.config.patch(patches(False)), TracingContext.report_output_strides() as strides:
-            run_forward = compile_fx_module.compile_fx_forward(
-                forward, forward_inputs, num_orig_model_outputs=compile_fx_module.get_num_model_outputs(real.dynamo_graph),
-                num_example_inputs=real.num_example_inputs, compiler_config_extra=extra, inner_compile=inner)
-        backward_inputs = _restrided(backward, output_names, strides)
-        with torch._inductor.config.patch({**patches(True), **lazy_backward}):
-            run_backward = compile_fx_module.compile_fx_backward(backward, backward_inputs, compiler_config_extra=extra,
-                                                                 inner_compile=inner)
-    return run_forward, run_backward, backward_inputs
 
 
 def dry_run_peak(forward: fx.GraphModule, backward: fx.GraphModule,
