@@ -31,6 +31,7 @@ the real compile would have generated.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import contextvars
 import dataclasses
@@ -63,6 +64,13 @@ def _noop(*_args: Any, **_kwargs: Any) -> None:
     return None
 
 
+@functools.cache
+def _kernel_builder() -> concurrent.futures.ThreadPoolExecutor:
+    """One thread that builds, behind the dry runs, the C++ kernels they stub: one build at a
+    time, so that with the lowering on the main thread a dry run keeps to two cores."""
+    return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hyper_ac-kernel-build")
+
+
 @contextlib.contextmanager
 def stubbed_kernels(graph_cache: bool = False) -> Iterator[None]:
     """Inductor's C++ kernels compiled as no-ops for as long as the block runs; its FX graph cache
@@ -70,14 +78,34 @@ def stubbed_kernels(graph_cache: bool = False) -> Iterator[None]:
     cache keeps the generated wrapper, whose kernels are built when it is loaded: a stubbed
     kernel never reaches it.
 
+    With ``graph_cache`` and Inductor allowed more than one compile thread, each stubbed kernel
+    is also built for real in the background (:func:`_kernel_builder`) into Inductor's kernel
+    cache, which the real compile of the plan kept then finds built or being built: the real
+    compile's wait on its kernels overlaps the later dry runs instead of following them. The
+    dry run itself still runs the no-ops. Without a spare thread (``compile_threads`` 1) the
+    builds would be serial work the dry run does not need, and are left to the real compile.
+
     Afterwards the loaded-module cache is cleared: it is keyed by the wrapper's
     source, and a real compile of the same source would get the stubbed module back."""
-    from torch._inductor.async_compile import AsyncCompile
-    from torch._inductor.codecache import PyCodeCache
+    from torch._inductor.async_compile import AsyncCompile, get_compile_threads
+    from torch._inductor.codecache import CppCodeCache, CppPythonBindingsCodeCache, PyCodeCache
 
     saved = AsyncCompile.cpp, AsyncCompile.cpp_pybinding
-    AsyncCompile.cpp = lambda self, source_code: _noop
-    AsyncCompile.cpp_pybinding = lambda self, argtypes, source_code: _noop
+    if graph_cache and get_compile_threads() > 1:  # read before the patch below sets it to 1
+        submit = _kernel_builder().submit
+
+        def build_behind(self, source_code):
+            CppCodeCache.load_async(source_code, submit_fn=submit)
+            return _noop
+
+        def build_binding_behind(self, argtypes, source_code):
+            CppPythonBindingsCodeCache.load_pybinding_async(argtypes, source_code, submit_fn=submit)
+            return _noop
+
+        AsyncCompile.cpp, AsyncCompile.cpp_pybinding = build_behind, build_binding_behind
+    else:
+        AsyncCompile.cpp = lambda self, source_code: _noop
+        AsyncCompile.cpp_pybinding = lambda self, argtypes, source_code: _noop
     try:
         with torch._inductor.config.patch(compile_threads=1, **({} if graph_cache else {"fx_graph_cache": False})):
             yield

@@ -210,3 +210,45 @@ def test_the_real_compile_loads_the_kept_dry_run_from_the_cache():
     torch.testing.assert_close(loss, expected)
     for (name, got), want in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("compile_threads", [1, 2])
+def test_the_kept_plans_kernels_are_built_behind_the_dry_runs(compile_threads):
+    """With a compile thread to spare, each dry run's stubbed C++ kernels are built for real in the
+    background (oracle._kernel_builder): the real compile of the kept plan then loads every kernel it
+    asks for from Inductor's kernel cache. With one compile thread nothing is built behind: the real
+    compile starts its kernels' builds itself."""
+    import torch._functorch.config as functorch_config
+    from torch._inductor.codecache import CppCodeCache
+    from torch._inductor.utils import fresh_cache
+
+    from hyper_ac.lower.oracle import dry_running
+
+    loads: list = []
+    real_load = CppCodeCache.load_async.__func__
+
+    def spy(cls, *args, **kwargs):
+        before = len(cls.cache)
+        result = real_load(cls, *args, **kwargs)
+        loads.append((dry_running(), len(cls.cache) - before))
+        return result
+
+    torch._dynamo.reset()
+    model, batch = _model()
+    run = torch.compile(model, backend=hyper_ac.backend({"ac_mode": "full"}, model=model, compiler="inductor"))
+    CppCodeCache.load_async = classmethod(spy)
+    try:
+        with fresh_cache(), torch._inductor.config.patch(compile_threads=compile_threads), \
+                functorch_config.patch(enable_autograd_cache=False), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            run(**batch).loss.backward()
+    finally:
+        CppCodeCache.load_async = classmethod(real_load)
+        torch._dynamo.reset()
+    built_behind = [new for route, new in loads if route is not None]
+    real_builds = [new for route, new in loads if route is None]
+    assert real_builds, loads
+    if compile_threads > 1:
+        assert sum(built_behind) > 0 and sum(real_builds) == 0, loads
+    else:
+        assert not built_behind and sum(real_builds) > 0, loads
