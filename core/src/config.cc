@@ -471,13 +471,20 @@ ConfigFacts config_facts(const Config& given, const ConfigFactsOptions& options)
   ConfigFacts facts;
   facts.mode = config.mode;
   facts.plans = config.mode != Mode::Off;
-  facts.compare_with_stock = config.mode == Mode::Auto;
+  // auto compares with stock everywhere; under unit_graph every mode that plans keeps each block's
+  // saved bytes at or under stock's (keep_unit_under_stock, plan_search.h).
+  facts.compare_with_stock =
+      config.mode == Mode::Auto || (config.mode != Mode::Off && config.scope.rule == ScopeRule::UnitGraph);
   facts.budget_bounds_step_peak = config.scope.rule != ScopeRule::UnitGraph;
   facts.compiler = config.mincut.compiler;
   facts.split = config.split;
   facts.buffer_reuse = config.buffer_reuse;
   facts.inductor_buffer_reuse = inductor_buffer_reuse(config);
   facts.inductor_backward_horizontal_fusion = inductor_backward_horizontal_fusion(config);
+  Config as_off = config;
+  as_off.mode = Mode::Off;
+  facts.stock_route_inductor_buffer_reuse = inductor_buffer_reuse(as_off);
+  facts.stock_route_inductor_backward_horizontal_fusion = inductor_backward_horizontal_fusion(as_off);
   facts.peak_oracle = config.peak_oracle == PeakOracle::Auto && facts.plans;
   facts.lambda = effective_lambda(config.mincut);
   facts.lambda_configured = config.mincut.lambda.has_value();
@@ -501,6 +508,9 @@ std::string config_facts_to_json(const ConfigFacts& facts) {
               {"buffer_reuse", to_string(facts.buffer_reuse)},
               {"inductor_buffer_reuse", facts.inductor_buffer_reuse},
               {"inductor_backward_horizontal_fusion", facts.inductor_backward_horizontal_fusion},
+              {"stock_route_inductor_buffer_reuse", facts.stock_route_inductor_buffer_reuse},
+              {"stock_route_inductor_backward_horizontal_fusion",
+               facts.stock_route_inductor_backward_horizontal_fusion},
               {"peak_oracle", facts.peak_oracle},
               {"lambda", facts.lambda},
               {"lambda_configured", facts.lambda_configured},

@@ -335,6 +335,9 @@ void run_plan(const Graph& graph, const PlanOptions& options, PlanResult& result
                                   &result.timings);
     if (measured.available()) weigh_output_recompute(graph, index, stages, measured, result, evaluation);
   }
+  if (config.mode != Mode::Auto && options.stock_recomputed)
+    keep_unit_under_stock(graph, index, *options.stock_recomputed, stages.cost, unit_schedule(result.scope), result,
+                          evaluation);
   if (measured.available()) guard_with_measured(graph, index, stages, measured, result, evaluation);
   result.stats.lambda = evaluation.lambda;
   result.stats.simulated_peak_after = evaluation.simulated_peak_bytes;

@@ -150,6 +150,19 @@ void compare_with_stock(const Graph& graph, const detail::NodeIndex& index, cons
                         const CostOptions& cost, const RematOptions& schedule, PlanResult& result,
                         Evaluation& evaluation);
 
+// Never above stock under unit_graph, for the modes that do not compare with
+// stock by their own rule (auto does, compare_with_stock): a block's plan that
+// saves more bytes for the backward than the stock partition's recompute set
+// (PlanOptions::stock_recomputed) on the same simulator, or as many at a higher
+// simulated peak, is not kept; nothing is rewritten (route stock_not_worse,
+// stats.stock_fallback) and a warning names both figures. The saved bytes are
+// what stacks up over a model compiled block by block; a budget whose fraction
+// of the all-saved block is above what stock saves is met by stock's partition
+// too, at less memory. A graph the model tagged itself keeps its tags.
+void keep_unit_under_stock(const Graph& graph, const detail::NodeIndex& index, const std::vector<std::string>& names,
+                           const CostOptions& cost, const RematOptions& schedule, PlanResult& result,
+                           Evaluation& evaluation);
+
 // The route rule, in one place: a plan that duplicates nothing on a graph the
 // model did not tag itself changes nothing, so the graph goes to the stock
 // partition (which may recompute what it fuses); so does mode off, and auto's

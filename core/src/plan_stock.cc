@@ -13,12 +13,12 @@
 namespace hyper_ac {
 namespace planning {
 
-void compare_with_stock(const Graph& graph, const detail::NodeIndex& index, const std::vector<std::string>& names,
-                        const CostOptions& cost, const RematOptions& schedule, PlanResult& result,
-                        Evaluation& evaluation) {
-  if (result.tags.stats.user_tagged > 0) return;
-  for (Policy policy : result.tags.policies)
-    if (policy == Policy::MustRecompute) return;
+namespace {
+
+// The stock partition's recompute set (PlanOptions::stock_recomputed) scored on
+// the plan's simulator; its simulated peak goes to the stats.
+Evaluation score_stock(const Graph& graph, const detail::NodeIndex& index, const std::vector<std::string>& names,
+                       const CostOptions& cost, const RematOptions& schedule, PlanResult& result) {
   std::unordered_map<std::string, std::int32_t> by_name;
   by_name.reserve(graph.nodes.size());
   for (std::size_t i = 0; i < graph.nodes.size(); ++i) by_name.emplace(graph.nodes[i].name, static_cast<std::int32_t>(i));
@@ -34,21 +34,61 @@ void compare_with_stock(const Graph& graph, const detail::NodeIndex& index, cons
   }
   const Evaluation scored = evaluate_indexed(graph, index, stock, cost, schedule, &result.timings);
   result.stats.stock_simulated_peak = scored.simulated_peak_bytes;
-  const Scope& scope = result.scope;
-  if (scores_below(evaluation, scored, scope)) return;
-  const std::int64_t own = scored_bytes(evaluation, scope), theirs = scored_bytes(scored, scope);
+  return scored;
+}
+
+// The plan that rewrites nothing: every recompute tag saved (the caller routes
+// the graph to the stock partition, which carries out the correctness pins).
+void save_everything(const Graph& graph, const detail::NodeIndex& index, const CostOptions& cost,
+                     const RematOptions& schedule, PlanResult& result, Evaluation& evaluation) {
   std::vector<Policy> kept = result.tags.policies;
   for (Policy& policy : kept)
-    if (policy == Policy::PreferRecompute) policy = Policy::PreferSave;
+    if (policy == Policy::PreferRecompute || policy == Policy::MustRecompute) policy = Policy::PreferSave;
   const double lambda = evaluation.lambda;
   evaluation = evaluate_indexed(graph, index, kept, cost, schedule, &result.timings);
   evaluation.lambda = lambda;
+}
+
+}  // namespace
+
+void compare_with_stock(const Graph& graph, const detail::NodeIndex& index, const std::vector<std::string>& names,
+                        const CostOptions& cost, const RematOptions& schedule, PlanResult& result,
+                        Evaluation& evaluation) {
+  if (result.tags.stats.user_tagged > 0) return;
+  for (Policy policy : result.tags.policies)
+    if (policy == Policy::MustRecompute) return;
+  const Evaluation scored = score_stock(graph, index, names, cost, schedule, result);
+  const Scope& scope = result.scope;
+  if (scores_below(evaluation, scored, scope)) return;
+  const std::int64_t own = scored_bytes(evaluation, scope), theirs = scored_bytes(scored, scope);
+  save_everything(graph, index, cost, schedule, result, evaluation);
   result.stats.stock_fallback = true;
   result.diagnostics.push_back(
       {Severity::Info, -1,
        std::string("auto's plan (") + scored_figure(scope) + " " + format_bytes(own) +
            ") is not below the stock partition's (" + format_bytes(theirs) +
            (scope.unit_graph ? ", at a simulated peak no higher" : "") + "): the graph is left to the stock partition"});
+}
+
+void keep_unit_under_stock(const Graph& graph, const detail::NodeIndex& index, const std::vector<std::string>& names,
+                           const CostOptions& cost, const RematOptions& schedule, PlanResult& result,
+                           Evaluation& evaluation) {
+  if (!result.scope.unit_graph || result.tags.stats.user_tagged > 0 || evaluation.remat.duplicates.empty()) return;
+  const Evaluation scored = score_stock(graph, index, names, cost, schedule, result);
+  const bool above = evaluation.saved_bytes > scored.saved_bytes ||
+                     (evaluation.saved_bytes == scored.saved_bytes &&
+                      evaluation.simulated_peak_bytes > scored.simulated_peak_bytes);
+  if (!above) return;
+  const std::int64_t own = evaluation.saved_bytes, theirs = scored.saved_bytes;
+  const std::int64_t own_peak = evaluation.simulated_peak_bytes, their_peak = scored.simulated_peak_bytes;
+  save_everything(graph, index, cost, schedule, result, evaluation);
+  result.stats.stock_fallback = true;
+  result.diagnostics.push_back(
+      {Severity::Warning, -1,
+       std::string("mode ") + to_string(result.mode) + ": this block's plan saves " + format_bytes(own) +
+           " for the backward (simulated peak " + format_bytes(own_peak) + "), not below the stock partition's " +
+           format_bytes(theirs) + " (" + format_bytes(their_peak) +
+           "); the saved bytes stack up over the model's blocks, so the block is left to the stock partition"});
 }
 
 void weigh_output_recompute(const Graph& graph, const detail::NodeIndex& index, const StageOptions& stages,
@@ -93,12 +133,7 @@ void guard_with_measured(const Graph& graph, const detail::NodeIndex& index, con
   const std::int64_t stock = measured.of_stock();
   result.stats.measured_stock_peak = stock;
   if (stock < 0 || own <= stock) return;
-  std::vector<Policy> kept = result.tags.policies;
-  for (Policy& policy : kept)
-    if (policy == Policy::PreferRecompute || policy == Policy::MustRecompute) policy = Policy::PreferSave;
-  const double lambda = evaluation.lambda;
-  evaluation = evaluate_indexed(graph, index, kept, stages.cost, unit_schedule(result.scope), &result.timings);
-  evaluation.lambda = lambda;
+  save_everything(graph, index, stages.cost, unit_schedule(result.scope), result, evaluation);
   result.stats.measured_fallback = true;
   result.stats.measured_peak_after = stock;
   result.diagnostics.push_back(

@@ -92,8 +92,9 @@ def stock_partition(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any):
 def stock_recomputed(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> list:
     """The forward values stock's partition step recomputes on this (annotated)
     joint graph, by node name: :func:`stock_partition` run on a copy. A fact the
-    core compares ``auto``'s plan with (``PlanOptions::stock_recomputed``,
-    docs/mincut.md "Never worse than stock"); nothing is decided here."""
+    core compares ``auto``'s plan, and under ``scope: unit_graph`` every mode's, with
+    (``PlanOptions::stock_recomputed``, docs/mincut.md "Never worse than stock");
+    nothing is decided here."""
     forward = {node.name for node in joint.graph.nodes
                if node.op == "call_function" and not fx_meta.is_backward(node)}
     # Stock's partition edits the graph and tags meta: it runs on a copy.
@@ -172,12 +173,14 @@ class _PartitionStep:
 
         kwargs["num_fwd_outputs"] = num_fwd_outputs
         facts = self.cfg.facts  # the core's: whether to plan, whether to measure stock
+        routed = self.current.get("routed", {})  # Inductor compiles this graph by its route
         if not facts["plans"]:  # mode off: the core's route is stock, no plan needed to know it
+            routed["route"] = "stock"
             return stock_partition(joint, joint_inputs, **kwargs)
         annotate_joint(joint, num_fwd_outputs, model=self.model, example_inputs=self.current.get("example_inputs"))
         own_split = self.lowering == "own" and not self.tag_only
-        # auto is never worse than stock: the core compares its plan with stock's on its simulator
-        # (and skips the comparison on a graph the model tagged itself).
+        # Never worse than stock: the core compares auto's plan (and under unit_graph every mode's)
+        # with stock's on its simulator (and skips the comparison on a graph the model tagged itself).
         baseline = stock_recomputed(joint, joint_inputs, **kwargs) if facts["compare_with_stock"] else None
         # Under Inductor the core checks its candidates on Inductor's own account of the step
         # (docs/mincut.md, "Measured peaks"): its dry run of this joint graph, partitioned as here.
@@ -203,6 +206,7 @@ class _PartitionStep:
         from hyper_ac.lower.apply import apply_elided_copies
         from hyper_ac.planning import plan_doc
 
+        routed["route"] = plan_doc.route(result.plan)
         if plan_doc.route(result.plan) == "stock" or self.lowering == "tag" and not self.tag_only:
             return partition_as_planned(joint, result.plan, joint_inputs=joint_inputs, **kwargs)
         apply_elided_copies(joint, result.plan)
@@ -235,10 +239,13 @@ def partition_as_planned(joint: fx.GraphModule, plan: Any, *, joint_inputs: Any,
     return stock_partition(joint, joint_inputs, **kwargs)
 
 
-def inductor_patches(cfg: Any, is_backward: bool) -> dict:
-    """The Inductor config each graph of this config compiles under (its dry run too)."""
-    patches: dict = {"allow_buffer_reuse": cfg.inductor_buffer_reuse}
-    if is_backward and not cfg.facts["inductor_backward_horizontal_fusion"]:
+def inductor_patches(cfg: Any, is_backward: bool, route: str = "rewrite") -> dict:
+    """The Inductor config each graph of this config compiles under (its dry run too). A graph
+    the core routes to stock compiles as mode off would (the core's ``stock_route_*`` facts)."""
+    facts = cfg.facts
+    prefix = "stock_route_" if route == "stock" else ""
+    patches: dict = {"allow_buffer_reuse": facts[prefix + "inductor_buffer_reuse"]}
+    if is_backward and not facts[prefix + "inductor_backward_horizontal_fusion"]:
         # The core's rule (config.h): no unit's replay fused into an earlier backward.
         # Inductor's C++ backend; its only knob for it is the fused group's size.
         patches["cpp.max_horizontal_fusion_size"] = 1
@@ -312,16 +319,20 @@ def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: s
         def compile_inductor(gm: fx.GraphModule, example_inputs: list):
             import torch._functorch.config as functorch_config
 
-            current["example_inputs"], current["dynamo_graph"] = list(example_inputs), gm
+            # The partition step writes the core's route here; this graph's forward and (later,
+            # lazily) backward compile by it.
+            routed: dict = {}
+            current["example_inputs"], current["dynamo_graph"], current["routed"] = list(example_inputs), gm, routed
             # A cache hit would skip the partition step, and with it this config's plan.
             with torch._inductor.config.patch(custom_partitioner_fn=partitioner), \
                     functorch_config.patch(enable_autograd_cache=False):
-                return compile_fx(gm, example_inputs, inner_compile=compile_one_graph)
+                return compile_fx(gm, example_inputs, inner_compile=functools.partial(compile_one_graph, routed))
 
-        def compile_one_graph(*args, **kwargs):
+        def compile_one_graph(routed: dict, *args, **kwargs):
             # Inductor compiles the backward lazily, at its first call: a config patch
             # around compile_fx alone would miss it, so each graph's compile gets its own.
-            with torch._inductor.config.patch(inductor_patches(cfg, bool(kwargs.get("is_backward")))):
+            patches = inductor_patches(cfg, bool(kwargs.get("is_backward")), routed.get("route", "rewrite"))
+            with torch._inductor.config.patch(patches):
                 return compile_fx_inner(*args, **kwargs)
 
         compile_inductor.partition_fn = step  # type: ignore[attr-defined]

@@ -180,6 +180,17 @@ TEST_CASE("config_facts derives what callers act on", "[config][facts]") {
   CHECK_FALSE(config_facts(parse_config(R"({"ac_mode": "budget", "ac_scope": "unit_graph", "ac_memory_budget": 0.5})"))
                   .budget_bounds_step_peak);
   CHECK(config_facts(parse_config(R"({"ac_mode": "full", "ac_buffer_reuse": "inductor"})")).inductor_buffer_reuse);
+  // A graph routed to stock compiles as mode off would: stock's reuse and fusion, bar an explicit buffer_reuse.
+  CHECK(automatic.stock_route_inductor_buffer_reuse);
+  CHECK(automatic.stock_route_inductor_backward_horizontal_fusion);
+  const ConfigFacts no_reuse = config_facts(parse_config(R"({"ac_mode": "full", "ac_buffer_reuse": "none"})"));
+  CHECK_FALSE(no_reuse.stock_route_inductor_buffer_reuse);
+  CHECK(no_reuse.stock_route_inductor_backward_horizontal_fusion);
+  // Every mode that plans compares each block with stock under unit_graph (keep_unit_under_stock).
+  CHECK(config_facts(parse_config(R"({"ac_mode": "full", "ac_scope": "unit_graph"})")).compare_with_stock);
+  CHECK(config_facts(parse_config(R"({"ac_mode": "budget", "ac_scope": "unit_graph", "ac_memory_budget": 0.9})"))
+            .compare_with_stock);
+  CHECK_FALSE(config_facts(parse_config(R"({"ac_mode": "off", "ac_scope": "unit_graph"})")).compare_with_stock);
   // The runner: an eager config planned for Inductor takes it; buffer_reuse under eager is a warning.
   ConfigFactsOptions inductor;
   inductor.runner = Compiler::Inductor;

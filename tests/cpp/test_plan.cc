@@ -688,6 +688,50 @@ TEST_CASE("unit_graph: auto compares its saved bytes with stock's", "[plan][stoc
   CHECK(plan(graph, free_replay).stats.stock_fallback);
 }
 
+// Under unit_graph no mode keeps a block's plan that saves more than the stock
+// partition (keep_unit_under_stock): a budget whose fraction is above what
+// stock saves goes to stock; a plan at or under stock's saved bytes stays.
+TEST_CASE("unit_graph: no mode's block saves more than the stock partition", "[plan][stock][scope]") {
+  const auto b = one_wide_block();
+  const Graph graph = b.graph();
+  const PlanResult full = plan(graph, scoped_options(R"("ac_mode": "full")", "unit_graph"));
+  REQUIRE_FALSE(full.remat.duplicates.empty());
+  std::vector<std::string> full_set;
+  for (const auto& dup : full.remat.duplicates) full_set.push_back(graph.nodes[static_cast<std::size_t>(dup.of)].name);
+  PlanOptions budget = scoped_options(R"("ac_mode": "budget", "ac_memory_budget": 0.9)", "unit_graph");
+  const PlanResult own = plan(graph, budget);
+  REQUIRE_FALSE(own.remat.duplicates.empty());
+  REQUIRE(own.remat.stats.saved_bytes_after > full.remat.stats.saved_bytes_after);
+
+  budget.stock_recomputed = std::vector<std::string>{};  // stock saves everything: the budget's plan is below it
+  const PlanResult under = plan(graph, budget);
+  CHECK_FALSE(under.stats.stock_fallback);
+  CHECK(under.route.route == Route::Rewrite);
+  CHECK(under.remat.stats.saved_bytes_after == own.remat.stats.saved_bytes_after);
+
+  budget.stock_recomputed = full_set;  // stock saves what full saves: less than the budget's plan
+  const PlanResult above = plan(graph, budget);
+  CHECK(above.stats.stock_fallback);
+  CHECK(above.route.route == Route::Stock);
+  CHECK(above.route.reason == "stock_not_worse");
+  CHECK(above.remat.duplicates.empty());
+  CHECK(above.stats.stock_simulated_peak > 0);
+  const std::string named = format_bytes(own.remat.stats.saved_bytes_after) + " for the backward";
+  CHECK(std::any_of(above.diagnostics.begin(), above.diagnostics.end(), [&](const auto& d) {
+    return d.severity == Severity::Warning && d.message.find(named) != std::string::npos &&
+           d.message.find(format_bytes(full.remat.stats.saved_bytes_after)) != std::string::npos &&
+           d.message.find("stack up over the model's blocks") != std::string::npos;
+  }));
+
+  // full against a stock that recomputes the same set: as many bytes at the same peak, kept.
+  PlanOptions same = scoped_options(R"("ac_mode": "full")", "unit_graph");
+  same.stock_recomputed = full_set;
+  const PlanResult tie = plan(graph, same);
+  CHECK_FALSE(tie.stats.stock_fallback);
+  CHECK(tie.remat.duplicates.size() == full.remat.duplicates.size());
+
+}
+
 // PlanOptions::peak_oracle: the compiler's own account of a candidate's peak
 // (docs/mincut.md, "Measured peaks"). Fake oracles here read the candidate's
 // plan document: its route and how many nodes it duplicates.

@@ -17,8 +17,8 @@ from hyper_ac import memory, models
 
 def _inductor_step(model, batch, config):
     """One compiled step; returns (loss, grads, [(is_backward, allow_buffer_reuse, cpp horizontal fusion size)
-    per compiled graph], peak). The compiles of the core's peak oracle (hyper_ac.lower.oracle's dry
-    runs) are left out: test_oracle.py checks those."""
+    per compiled graph], peak, the core's routes). The compiles of the core's peak oracle
+    (hyper_ac.lower.oracle's dry runs) are left out: test_oracle.py checks those."""
     import torch._inductor.compile_fx as compile_fx_module
 
     from hyper_ac.lower.oracle import dry_running
@@ -34,9 +34,10 @@ def _inductor_step(model, batch, config):
 
     torch._dynamo.reset()
     compile_fx_module.compile_fx_inner = spy
+    results: list = []
     try:
-        compiled = torch.compile(model, backend=hyper_ac.backend(config, model=model, compiler="inductor"),
-                                 fullgraph=True)
+        compiled = torch.compile(model, backend=hyper_ac.backend(config, model=model, compiler="inductor",
+                                                                 on_result=results.append), fullgraph=True)
         with memory.track() as tracked:
             loss = compiled(**batch)
             loss.backward()
@@ -44,7 +45,8 @@ def _inductor_step(model, batch, config):
         compile_fx_module.compile_fx_inner = real
         torch._dynamo.reset()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    return loss.detach(), grads, seen, tracked.peak_bytes
+    routes = [result.plan["route"] for result in results] or ["stock"]  # mode off plans nothing: stock
+    return loss.detach(), grads, seen, tracked.peak_bytes, routes
 
 
 @pytest.fixture(scope="module")
@@ -52,27 +54,34 @@ def model_and_batch():
     return models.build("transformer", 2), models.example_batch("transformer", batch=2, seq=16)
 
 
-@pytest.mark.parametrize("config, reuse", [
-    ({"ac_mode": "off"}, True),  # off is stock: Inductor's own reuse
-    ({"ac_mode": "auto"}, False),
-    ({"ac_mode": "selective"}, False),
-    ({"ac_mode": "selective", "ac_buffer_reuse": "inductor"}, True),
-    ({"ac_mode": "off", "ac_buffer_reuse": "none"}, False),
+# (config, sequence length, the route the core gives the tiny transformer's graph, Inductor's buffer
+# reuse there). At sequence 16 full's plan measures above stock (route measured_above_stock); at 64
+# every planning mode rewrites.
+@pytest.mark.parametrize("config, seq, route, reuse", [
+    ({"ac_mode": "off"}, 16, "stock", True),  # off is stock: Inductor's own reuse
+    ({"ac_mode": "full"}, 16, "stock", True),  # left to stock: compiled as stock
+    ({"ac_mode": "auto"}, 64, "rewrite", False),
+    ({"ac_mode": "full"}, 64, "rewrite", False),
+    ({"ac_mode": "selective"}, 64, "rewrite", False),
+    ({"ac_mode": "selective", "ac_buffer_reuse": "inductor"}, 64, "rewrite", True),
+    ({"ac_mode": "off", "ac_buffer_reuse": "none"}, 16, "stock", False),
 ])
-def test_buffer_reuse_reaches_forward_and_backward(model_and_batch, config, reuse):
-    model, batch = model_and_batch
+def test_buffer_reuse_reaches_forward_and_backward(model_and_batch, config, seq, route, reuse):
+    model, _ = model_and_batch
+    batch = models.example_batch("transformer", batch=2, seq=seq)
     ref = copy.deepcopy(model)
     ref_loss = ref(**batch)
     ref_loss.backward()
-    loss, grads, seen, _ = _inductor_step(copy.deepcopy(model), batch, config)
+    loss, grads, seen, _, routes = _inductor_step(copy.deepcopy(model), batch, config)
+    assert routes == [route], routes
     assert sorted({backward for backward, _, _ in seen}) == [False, True], f"expected a forward and a backward: {seen}"
     assert all(allowed is reuse for _, allowed, _ in seen), seen
-    # Horizontal fusion (core's inductor_backward_horizontal_fusion): stock's in mode off and in
-    # every forward; none in a planned backward, where it would hoist one unit's replay into the
-    # backward of the next (docs/floor.md).
+    # Horizontal fusion (core's inductor_backward_horizontal_fusion): stock's in mode off, in a
+    # graph routed to stock and in every forward; none in a rewritten backward, where it would
+    # hoist one unit's replay into the backward of the next (docs/floor.md).
     stock_size = torch._inductor.config.cpp.max_horizontal_fusion_size
     for backward, _, size in seen:
-        planned_backward = backward and config["ac_mode"] != "off"
+        planned_backward = backward and route == "rewrite"
         assert size == (1 if planned_backward else stock_size), seen
     torch.testing.assert_close(loss, ref_loss.detach(), rtol=1e-5, atol=1e-6)
     for name, p in ref.named_parameters():
@@ -114,3 +123,57 @@ def test_write_decisions_tags_only_what_the_plan_decided():
     tags = {node.name: fx_meta.policy(node) for node in joint.graph.nodes if node.op == "call_function"}
     assert tags == {"mm": CheckpointPolicy.MUST_SAVE, "relu": CheckpointPolicy.MUST_RECOMPUTE,
                     "tril": None, "mul": None}, tags
+
+
+def _per_block_step(config):
+    """One step of a 2-layer GPT-2 (hidden 128, seq 128: its blocks' stock partition recomputes
+    enough to matter) with each block compiled on its own (torchtitan's recipe) under Inductor,
+    stock's or hyper_ac's with ``config`` under ``ac_scope: unit_graph``; returns (loss, grads, peak,
+    [plan results])."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = models.build("gpt2", 2, hidden=128, heads=4, max_seq=128)
+    batch = models.example_batch("gpt2", batch=2, seq=128)
+    results: list = []
+    backend = "inductor" if config is None else hyper_ac.backend(
+        hyper_ac.load_config(config).with_option("scope", "unit_graph"), compiler="inductor", on_result=results.append)
+    for block in model.transformer.h:
+        block.compile(backend=backend, fullgraph=True)
+    try:
+        memory.loss_of(model(**batch)).backward()  # compiles: the measured step is the second
+        model.zero_grad(set_to_none=True)
+        with memory.track() as tracked:
+            loss = memory.loss_of(model(**batch))
+            loss.backward()
+    finally:
+        torch._dynamo.reset()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, tracked.peak_bytes, results
+
+
+@pytest.mark.skipif(not memory.is_available(), reason="hyper_ac._memory not built")
+def test_no_per_block_budget_saves_more_than_stock():
+    """Under ``unit_graph`` a block's plan that saves more than stock's partition is left to stock
+    (keep_unit_under_stock): budget 0.9 keeps 0.9 of the all-saved block, more than stock Inductor's
+    own partition saves (a GPT-2 block: about 60% of it), so each block goes to stock with a
+    warning and the step measures at most stock's peak; budget 0.2 saves less than stock and is
+    kept, below stock's peak."""
+    loss, grads, stock_peak, _ = _per_block_step(None)
+    for fraction, to_stock in ((0.9, True), (0.2, False)):
+        got_loss, got_grads, peak, results = _per_block_step({"ac_mode": "budget", "ac_memory_budget": fraction})
+        assert results, fraction
+        for result in results:
+            plan = result.plan
+            assert plan["stats"]["scope"] == "unit_graph"
+            if to_stock:
+                assert (plan["route"], plan["route_reason"]) == ("stock", "stock_not_worse"), plan["stats"]
+                assert plan["stats"]["stock_fallback"]
+                assert any("stack up over the model's blocks" in d["message"] for d in plan["diagnostics"])
+            else:
+                assert plan["route"] == "rewrite" and not plan["stats"].get("stock_fallback"), plan["stats"]
+        if to_stock:
+            assert peak <= stock_peak, (fraction, peak, stock_peak)  # no buffer reuse when planning: never more
+        else:
+            assert peak < stock_peak, (fraction, peak, stock_peak)
+        torch.testing.assert_close(got_loss, loss)
+        for name, want in grads.items():
+            torch.testing.assert_close(got_grads[name], want, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")

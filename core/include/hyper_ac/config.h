@@ -194,8 +194,9 @@ struct ConfigFacts {
   // mode != off: the caller plans each graph; off: it hands every graph to
   // stock without planning (the plan's route would be stock, reason "off").
   bool plans = false;
-  // auto: the caller measures the stock partition's recompute set and passes
-  // it as PlanOptions::stock_recomputed ("never worse than stock").
+  // auto, and every mode that plans under scope unit_graph: the caller
+  // measures the stock partition's recompute set and passes it as
+  // PlanOptions::stock_recomputed ("never worse than stock").
   bool compare_with_stock = false;
   // A byte budget bounds the step's simulated peak (every scope but
   // unit_graph, whose budget bounds the bytes each planned graph saves): a
@@ -207,6 +208,12 @@ struct ConfigFacts {
   BufferReuse buffer_reuse = BufferReuse::Auto;
   bool inductor_buffer_reuse = true;  // inductor_buffer_reuse(config)
   bool inductor_backward_horizontal_fusion = true;  // inductor_backward_horizontal_fusion(config)
+  // The same two rules for a graph the plan routes to the stock partition
+  // (PlanResult::route): it compiles as mode off would (stock torch.compile's
+  // own settings, bar an explicit buffer_reuse), so a graph hyper_ac leaves
+  // alone is compiled, not only partitioned, as stock's.
+  bool stock_route_inductor_buffer_reuse = true;
+  bool stock_route_inductor_backward_horizontal_fusion = true;
   // The caller that compiles with Inductor passes its dry run as
   // PlanOptions::peak_oracle: peak_oracle auto and a mode that plans.
   bool peak_oracle = false;

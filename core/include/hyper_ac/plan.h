@@ -51,7 +51,9 @@ struct PlanOptions {
   // with torch. When set, `auto` compares its plan with that one on the
   // simulator (docs/mincut.md, "Never worse than stock") and returns no
   // rewrite unless its simulated peak is strictly lower; the graph is then
-  // partitioned as stock does it. Names the graph lacks (exact copies the
+  // partitioned as stock does it. Under scope unit_graph every other mode
+  // keeps a block's plan only if it saves no more than that one
+  // (keep_unit_under_stock). Names the graph lacks (exact copies the
   // loader elided) are skipped. Unset (the default): no comparison, and the
   // plan JSON does not change.
   std::optional<std::vector<std::string>> stock_recomputed;
@@ -119,9 +121,10 @@ struct PlanStats {
   // Inputs of excluded nodes that the backward rebuilds (duplicated) instead
   // of keeping them from the forward.
   std::size_t rebuilt_for_exclude = 0;
-  // auto with PlanOptions::stock_recomputed: the simulated peak (resident
-  // values included) of the stock partition's recompute set, and whether the
-  // plan fell back to it (no rewrite) because its own peak was not lower.
+  // With PlanOptions::stock_recomputed: the simulated peak (resident values
+  // included) of the stock partition's recompute set, and whether the plan
+  // fell back to it (no rewrite): auto's own figure was not lower, or under
+  // unit_graph another mode's plan saved more than stock's.
   // -1 when no comparison was made (not written to the plan JSON then).
   std::int64_t stock_simulated_peak = -1;
   bool stock_fallback = false;
@@ -194,7 +197,8 @@ struct RouteDecision {
   // Why, as a stable word (plan JSON "route_reason"):
   //   stock:   "off" (mode off), "no_units" (no unit in the graph, under
   //            PlanOptions::unitless_to_stock), "stock_not_worse" (auto's plan is not below
-  //            the stock partition's simulated peak), "nothing_recomputed"
+  //            the stock partition's simulated peak, or under unit_graph a
+  //            plan saves more than the stock partition), "nothing_recomputed"
   //            (no duplicate, and the model tagged no node itself),
   //            "measured_above_stock" (PlanOptions::peak_oracle measured the
   //            plan above the stock partition);
