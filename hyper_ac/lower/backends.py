@@ -173,9 +173,9 @@ class _PartitionStep:
 
         kwargs["num_fwd_outputs"] = num_fwd_outputs
         facts = self.cfg.facts  # the core's: whether to plan, whether to measure stock
-        routed = self.current.get("routed", {})  # Inductor compiles this graph by its route
+        routed = self.current.get("routed", {})  # Inductor compiles this graph by the core's route
         if not facts["plans"]:  # mode off: the core's route is stock, no plan needed to know it
-            routed["route"] = "stock"
+            routed["stock"] = True
             return stock_partition(joint, joint_inputs, **kwargs)
         annotate_joint(joint, num_fwd_outputs, model=self.model, example_inputs=self.current.get("example_inputs"))
         own_split = self.lowering == "own" and not self.tag_only
@@ -206,7 +206,7 @@ class _PartitionStep:
         from hyper_ac.lower.apply import apply_elided_copies
         from hyper_ac.planning import plan_doc
 
-        routed["route"] = plan_doc.route(result.plan)
+        routed["stock"] = plan_doc.route(result.plan) == "stock"
         if plan_doc.route(result.plan) == "stock" or self.lowering == "tag" and not self.tag_only:
             return partition_as_planned(joint, result.plan, joint_inputs=joint_inputs, **kwargs)
         apply_elided_copies(joint, result.plan)
@@ -239,11 +239,11 @@ def partition_as_planned(joint: fx.GraphModule, plan: Any, *, joint_inputs: Any,
     return stock_partition(joint, joint_inputs, **kwargs)
 
 
-def inductor_patches(cfg: Any, is_backward: bool, route: str = "rewrite") -> dict:
+def inductor_patches(cfg: Any, is_backward: bool, stock_route: bool = False) -> dict:
     """The Inductor config each graph of this config compiles under (its dry run too). A graph
     the core routes to stock compiles as mode off would (the core's ``stock_route_*`` facts)."""
     facts = cfg.facts
-    prefix = "stock_route_" if route == "stock" else ""
+    prefix = "stock_route_" if stock_route else ""
     patches: dict = {"allow_buffer_reuse": facts[prefix + "inductor_buffer_reuse"]}
     if is_backward and not facts[prefix + "inductor_backward_horizontal_fusion"]:
         # The core's rule (config.h): no unit's replay fused into an earlier backward.
@@ -319,8 +319,8 @@ def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: s
         def compile_inductor(gm: fx.GraphModule, example_inputs: list):
             import torch._functorch.config as functorch_config
 
-            # The partition step writes the core's route here; this graph's forward and (later,
-            # lazily) backward compile by it.
+            # The partition step writes here whether the core routes this graph to stock; its
+            # forward and (later, lazily) backward compile by that.
             routed: dict = {}
             current["example_inputs"], current["dynamo_graph"], current["routed"] = list(example_inputs), gm, routed
             # A cache hit would skip the partition step, and with it this config's plan.
@@ -331,7 +331,7 @@ def backend(config: Any, *, model: Optional[torch.nn.Module] = None, compiler: s
         def compile_one_graph(routed: dict, *args, **kwargs):
             # Inductor compiles the backward lazily, at its first call: a config patch
             # around compile_fx alone would miss it, so each graph's compile gets its own.
-            patches = inductor_patches(cfg, bool(kwargs.get("is_backward")), routed.get("route", "rewrite"))
+            patches = inductor_patches(cfg, bool(kwargs.get("is_backward")), routed.get("stock", False))
             with torch._inductor.config.patch(patches):
                 return compile_fx_inner(*args, **kwargs)
 

@@ -342,14 +342,14 @@ class InductorDryRun:
 
     ``joint``: the graph the partition step was called with; ``partition(gm, plan)``:
     the backend's partition of a copy of it under a candidate's plan document, into
-    (forward, backward) modules; ``patches(is_backward, route=...)``: the Inductor config the backend
-    compiles a graph of that route under (``hyper_ac.lower.backends.inductor_patches``: a candidate
+    (forward, backward) modules; ``patches(is_backward, stock_route=...)``: the Inductor config the
+    backend compiles a graph of that route under (``hyper_ac.lower.backends.inductor_patches``: a candidate
     routed to stock as mode off compiles it). Called with a candidate plan's
     JSON text, it returns the dry run's peak bytes (or -1). ``calls``: (route, bytes,
     seconds) per measurement."""
 
     def __init__(self, joint: fx.GraphModule, partition: Callable[[fx.GraphModule, dict], tuple],
-                 patches: Callable[..., dict] = lambda is_backward, route="rewrite": {},
+                 patches: Callable[..., dict] = lambda is_backward, stock_route=False: {},
                  real: Optional[RealCompile] = None) -> None:
         self._partition, self._patches, self._real = partition, patches, real
         # Inputs a dry run cannot make (a DTensor's mesh, a device tensor) rule the graph out before any work.
@@ -390,7 +390,7 @@ class InductorDryRun:
         reason = why_not_measurable(forward, backward)
         if reason is not None:
             return self._cannot(plan, f"not measurable: {reason}", started)
-        patches = functools.partial(self._patches, route=plan_doc.route(plan))  # as the real compile patches it
+        patches = functools.partial(self._patches, stock_route=plan_doc.route(plan) == "stock")  # as the real compile
         token = _MEASURING.set(plan_doc.route(plan))
         try:
             peak = dry_run_peak(forward, backward, patches, self._real)
