@@ -86,7 +86,13 @@ def least_memory_line(model: str, rows: list[dict]) -> str:
     mine = [r for r in rows if r["model"] == model]
     hac = _least([r for r in mine if r["system"] in HAC_SYSTEMS])
     if hac is None:
-        return f"- {model}: no hyper_ac point measured."
+        peaks = [r for r in mine if r["system"] in HAC_SYSTEMS and r.get("status") == "ok"
+                 and r.get("peak_ratio") is not None]
+        if not peaks:
+            return f"- {model}: no hyper_ac point measured."
+        least = min(peaks, key=lambda r: r["peak_ratio"])
+        return (f"- {model}: peaks only (no step timed: `--paired-rounds 0`); hyper_ac's least peak is "
+                f"{label(least)}, {least['peak_ratio']:.3f}× stock's.")
     parts, below_all = [], True
     for system in dict.fromkeys(r["system"] for r in mine if r["system"] not in HAC_SYSTEMS):
         other = _least([r for r in mine if r["system"] == system])
@@ -118,7 +124,7 @@ def model_table(model: str, rows: list[dict]) -> str:
         if r.get("status") != "ok":
             body.append([r["system"], r["point"], f"error: {r.get('error', '')}".replace("|", "\\|"), "", "", "", ""])
             continue
-        dominated = "–" if r["system"] in HAC_SYSTEMS else r.get("dominated_by", "–")
+        dominated = "–" if r["system"] in HAC_SYSTEMS else r.get("dominated_by") or "–"  # None: read back unset
         close = r.get("grads_allclose")
         body.append([r["system"], r["point"], _mib(r.get("peak_bytes")), _ratio(r.get("peak_ratio")), _step_cell(r),
                      dominated, "–" if close is None else ("yes" if close else f"**NO** (max diff {r.get('max_grad_diff', 0):.2g})")])
@@ -161,9 +167,13 @@ def render_frontier_markdown(meta: dict, rows: list[dict]) -> str:
         others = [r for r in mine if r["system"] not in HAC_SYSTEMS and _ok(r)]
         beaten = sum(r.get("dominated_by") not in (None, NOT_DOMINATED) for r in others)
         line = frontier_line([r for r in mine if r["system"] in HAC_SYSTEMS])
+        if not line:  # no step timed (--paired-rounds 0): no dominance, no frontier, no plot
+            out += [f"## {m}", "", "Peaks only: no point's step was timed.", "", model_table(m, rows), ""]
+            continue
+        plot = f" Plot: `frontier_{m}.png`." if f"frontier_{m}.png" in meta.get("plots", []) else ""
         out += [f"## {m}", "", f"{beaten} of {len(others)} other points dominated by a hyper_ac point. "
                 f"hyper_ac's frontier: " + ", ".join(f"{label(r)} ({r['peak_ratio']:.3f}×, {r['step_ratio']:.3f}×)"
-                                                     for r in line) + f". Plot: `frontier_{m}.png`.", "",
+                                                     for r in line) + f".{plot}", "",
                 model_table(m, rows), ""]
     return "\n".join(out)
 
