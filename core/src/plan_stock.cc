@@ -86,7 +86,7 @@ void keep_unit_under_stock(const Graph& graph, const detail::NodeIndex& index, c
   result.diagnostics.push_back(
       {Severity::Warning, -1,
        std::string("mode ") + to_string(result.mode) + ": this block's plan saves " + format_bytes(own) +
-           " for the backward (simulated peak " + format_bytes(own_peak) + "), not below the stock partition's " +
+           " for the backward (simulated peak " + format_bytes(own_peak) + "), above the stock partition's " +
            format_bytes(theirs) + " (" + format_bytes(their_peak) +
            "); the saved bytes stack up over the model's blocks, so the block is left to the stock partition"});
 }

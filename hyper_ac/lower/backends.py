@@ -206,8 +206,8 @@ class _PartitionStep:
         from hyper_ac.lower.apply import apply_elided_copies
         from hyper_ac.planning import plan_doc
 
-        routed["stock"] = plan_doc.route(result.plan) == "stock"
-        if plan_doc.route(result.plan) == "stock" or self.lowering == "tag" and not self.tag_only:
+        routed["stock"] = to_stock = plan_doc.route(result.plan) == "stock"
+        if to_stock or self.lowering == "tag" and not self.tag_only:
             return partition_as_planned(joint, result.plan, joint_inputs=joint_inputs, **kwargs)
         apply_elided_copies(joint, result.plan)
         plan_json = plan_doc.without_elided_copies(result.plan)
