@@ -48,37 +48,67 @@ std::optional<Evaluation> choose_on_frontier(const Graph& graph, const detail::N
   return std::nullopt;
 }
 
-// The budget's plan measured more than kBudgetMeasuredSlack under its target:
-// the simulation holds more than the compiler does, so a larger simulated
-// target, with less recompute, may still fit. The simulated target is raised
-// by the measured slack (the two move about alike), halfway back once that
-// measures over (kOracleRaiseProbes); the first that fits ends the raise and
-// is kept when it recomputes less.
-void raise_toward_measured_target(const Graph& graph, const detail::NodeIndex& index, const StageOptions& stages,
-                                  const BudgetSearch& search, MeasuredPeaks& measured, std::int64_t target,
-                                  PlanResult& result, Evaluation& chosen, std::int64_t& chosen_bytes) {
-  if (static_cast<double>(target - chosen_bytes) <= kBudgetMeasuredSlack * static_cast<double>(target)) return;
-  const std::int64_t fits = search.target;
-  std::int64_t over = -1;  // a raised simulated target whose plan measured over
+// One plan the measured search tried: the simulated target it was chosen for
+// (choose_on_frontier) and the peak the oracle measured.
+struct Tried {
+  std::int64_t simulated = 0;
+  std::int64_t measured = 0;
+};
+
+// Measured bytes per simulated byte between two tried plans, within bounds:
+// Inductor fuses away part of what a simulated byte adds (slopes of 0.5-0.8
+// on the realistic tier), and a step of the plan between two targets can
+// measure anything. Unknown: one for one.
+double measured_slope(const std::optional<Tried>& a, const std::optional<Tried>& b) {
+  if (!a || !b || a->simulated == b->simulated) return 1.0;
+  const double slope = static_cast<double>(b->measured - a->measured) / static_cast<double>(b->simulated - a->simulated);
+  return std::clamp(slope, kMeasuredSlopeBounds[0], kMeasuredSlopeBounds[1]);
+}
+
+// The measured search (continue_budget_on_measured): from the simulated
+// choice, which measured `fits` (within the target) or `over` it, the
+// simulated target is moved to aim inside [1 - kBudgetMeasuredSlack, 1] x the
+// measured target: past one measured point by the slope learnt so far, or
+// between a plan that fits and one over by the secant. Each target's plan is
+// the budget's own (first fitting frontier point, then the descent). It stops
+// when a plan that fits is within the slack, after kOracleSearchProbes
+// measurements, or when the two bracket no simulated byte. The kept plan is
+// the least-recompute one that fits.
+void search_measured_target(const Graph& graph, const detail::NodeIndex& index, const StageOptions& stages,
+                            const BudgetSearch& search, MeasuredPeaks& measured, std::int64_t target,
+                            std::optional<Tried> fits, std::optional<Tried> over, PlanResult& result,
+                            std::optional<Evaluation>& kept, std::int64_t& kept_bytes) {
+  const double slack = kBudgetMeasuredSlack * static_cast<double>(target);
+  const double aim = static_cast<double>(target) - slack / 2;
+  std::optional<Tried> last = fits ? fits : over, before;
   SecondsCache seconds;
-  for (std::size_t probe = 0; probe < kOracleRaiseProbes; ++probe) {
-    const std::int64_t proposal =
-        over < 0 ? clamp_bytes(static_cast<__int128>(fits) + (target - chosen_bytes)) : fits + (over - fits) / 2;
-    if (proposal <= fits) return;
-    std::optional<Evaluation> candidate = choose_on_frontier(graph, index, stages, search.frontier, proposal, result,
+  for (std::size_t probe = 0; probe < kOracleSearchProbes; ++probe) {
+    if (fits && static_cast<double>(target - fits->measured) <= slack) return;
+    double proposal;
+    if (fits && over) {
+      if (over->simulated - fits->simulated <= 1) return;
+      proposal = static_cast<double>(fits->simulated) + (aim - static_cast<double>(fits->measured)) / measured_slope(fits, over);
+      proposal = std::clamp(proposal, static_cast<double>(fits->simulated + 1), static_cast<double>(over->simulated - 1));
+    } else {
+      proposal = static_cast<double>(last->simulated) + (aim - static_cast<double>(last->measured)) / measured_slope(before, last);
+    }
+    const std::int64_t simulated = bytes_from_double(proposal);
+    std::optional<Evaluation> candidate = choose_on_frontier(graph, index, stages, search.frontier, simulated, result,
                                                              seconds);
     if (!candidate) return;
     const std::int64_t bytes = measured.of(*candidate);
     if (bytes < 0) return;
+    before = last;
+    last = Tried{simulated, bytes};
     if (bytes > target) {
-      over = proposal;
+      if (!over || last->simulated < over->simulated) over = last;
       continue;
     }
-    if (candidate->recompute_seconds < chosen.recompute_seconds) {
-      chosen = std::move(*candidate);
-      chosen_bytes = bytes;
+    if (!fits || last->simulated > fits->simulated) fits = last;
+    if (!kept || candidate->recompute_seconds < kept->recompute_seconds) {
+      kept = std::move(*candidate);
+      kept_bytes = bytes;
     }
-    return;
   }
 }
 
@@ -202,21 +232,33 @@ void continue_budget_on_measured(const Graph& graph, const detail::NodeIndex& in
                                  Evaluation& chosen) {
   if (result.scope.unit_graph || !search.chosen_point) return;  // a unit graph's budget is on its saved bytes
   const std::int64_t target = clamp_bytes(static_cast<__int128>(search.target) - search.resident_bytes);
-  std::int64_t chosen_bytes = measured.of(chosen);
-  if (chosen_bytes < 0) return;
+  const std::int64_t first_bytes = measured.of(chosen);
+  if (first_bytes < 0) return;
   const bool met_before = result.stats.budget_met;
-  const std::int64_t first_bytes = chosen_bytes;
-  if (chosen_bytes <= target) {
-    result.stats.budget_met = true;
-    raise_toward_measured_target(graph, index, stages, search, measured, target, result, chosen, chosen_bytes);
+  const double first_seconds = chosen.recompute_seconds;
+  // The choice as a tried plan: the simulated target it was chosen for, or, missed on the
+  // simulation, its own figure (the least reachable).
+  const Tried first{met_before ? search.target : scored_bytes(chosen, result.scope), first_bytes};
+  std::optional<Tried> fits, over;
+  std::optional<Evaluation> kept;
+  std::int64_t kept_bytes = -1;
+  if (first_bytes <= target) {
+    fits = first;
+    kept = chosen;
+    kept_bytes = first_bytes;
   } else {
+    over = first;
+  }
+  search_measured_target(graph, index, stages, search, measured, target, fits, over, result, kept, kept_bytes);
+  if (!kept) {
+    // Nothing near the choice fits: the frontier from the choice's own point (its descent may
+    // have saved again what the compiler needs replayed) to its end is bisected on the measured
+    // peak for the least-recompute point that fits, and the gap between that point and the
+    // least plan over is searched as above.
     const RematOptions schedule = unit_schedule(result.scope);
     SecondsCache seconds;
-    // From the chosen plan's own frontier point (its descent may have saved again what the
-    // compiler needs replayed) to the frontier's end.
+    std::int64_t least_bytes = first_bytes;
     std::size_t lo = *search.chosen_point, hi = search.frontier.points.size();  // [lo, hi)
-    std::optional<Evaluation> fit;
-    std::int64_t fit_bytes = -1;
     for (std::size_t probe = 0; probe < kOracleBudgetProbes && lo < hi; ++probe) {
       const std::size_t mid = lo + (hi - lo) / 2;
       const auto& point = search.frontier.points[mid];
@@ -225,30 +267,34 @@ void continue_budget_on_measured(const Graph& graph, const detail::NodeIndex& in
       evaluation.lambda = point.lambda;
       const std::int64_t bytes = measured.of(evaluation);
       if (bytes < 0) break;
+      const Tried tried{scored_bytes(evaluation, result.scope), bytes};
       if (bytes <= target) {
-        fit = std::move(evaluation);
-        fit_bytes = bytes;
+        fits = tried;
+        kept = std::move(evaluation);
+        kept_bytes = bytes;
         hi = mid;
       } else {
-        if (bytes < chosen_bytes) {
+        if (!over || tried.simulated < over->simulated) over = tried;
+        if (bytes < least_bytes) {
           chosen = std::move(evaluation);
-          chosen_bytes = bytes;
+          least_bytes = bytes;
         }
         lo = mid + 1;
       }
     }
-    if (fit) {
-      chosen = std::move(*fit);
-      chosen_bytes = fit_bytes;
-    }
-    result.stats.budget_met = fit.has_value();
+    if (kept) search_measured_target(graph, index, stages, search, measured, target, fits, over, result, kept, kept_bytes);
+    if (!kept) kept_bytes = least_bytes;
   }
-  result.stats.measured_peak_after = chosen_bytes;
-  if (result.stats.budget_met && met_before && chosen_bytes != first_bytes)
+  if (kept) chosen = std::move(*kept);
+  result.stats.budget_met = kept_bytes <= target;
+  result.stats.measured_peak_after = kept_bytes;
+  if (result.stats.budget_met && met_before && kept_bytes != first_bytes)
     result.diagnostics.push_back({Severity::Info, -1,
                                   "memory budget on the measured peak (" + format_bytes(target) +
-                                      "): the simulated choice measured " + format_bytes(first_bytes) +
-                                      "; a plan with less recompute measures " + format_bytes(chosen_bytes) + " (" +
+                                      "): the simulated choice measured " + format_bytes(first_bytes) + " (recompute " +
+                                      format_seconds(first_seconds) + "); a plan measuring " +
+                                      format_bytes(kept_bytes) + " recomputes " +
+                                      format_seconds(chosen.recompute_seconds) + " (" +
                                       std::to_string(result.stats.oracle_calls) + " plans measured)"});
   if (result.stats.budget_met != met_before || !result.stats.budget_met)
     result.diagnostics.push_back(
@@ -256,7 +302,7 @@ void continue_budget_on_measured(const Graph& graph, const detail::NodeIndex& in
          std::string("memory budget on the measured peak (") + format_bytes(target) + " beyond the " +
              format_bytes(search.resident_bytes) + " resident): " +
              (result.stats.budget_met ? "met, at " : "cannot be met; the least measured is ") +
-             format_bytes(chosen_bytes) + " (" + std::to_string(result.stats.oracle_calls) +
+             format_bytes(kept_bytes) + " (" + std::to_string(result.stats.oracle_calls) +
              " plans measured); using that plan"});
 }
 

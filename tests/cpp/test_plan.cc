@@ -891,10 +891,14 @@ TEST_CASE("peak oracle: budget goes on down the frontier until the measured peak
   const PlanResult r = plan(graph, options);
   CHECK(r.stats.budget_met);
   CHECK(r.stats.measured_peak_after == 0);
-  CHECK(r.stats.recompute_seconds == Approx(least));  // the least-recompute point that fits
-  CHECK(calls == seen.size());                          // each distinct candidate measured once
+  // The least-recompute frontier point that fits, or a plan between it and the point before
+  // (that point descended) that still fits: never more recompute, never the simulated choice's.
+  CHECK(r.stats.recompute_seconds <= least * (1 + 1e-9));
+  CHECK(r.stats.recompute_seconds > threshold * (1 + 1e-9));
+  CHECK(calls == seen.size());  // each distinct candidate measured once
   CHECK(r.stats.oracle_calls == calls);
-  CHECK(calls <= kOracleBudgetProbes + 2);  // the simulated choice, the probes, stock
+  // The simulated choice, the search, the bisection, the search again, stock.
+  CHECK(calls <= 1 + kOracleSearchProbes + kOracleBudgetProbes + kOracleSearchProbes + 1);
 
   // Nothing fits: the least measured plan, the budget reported missed.
   PlanOptions never = budget_options(0.8);
@@ -969,6 +973,45 @@ TEST_CASE("peak oracle: a block compiled alone (unit_graph) is scored by its sav
   }
 }
 
+// Mixtral at 0.7 x stock's peak on the realistic tier: the simulated choice measured 40 KB
+// over its target, and a bisection of the bare frontier points kept one 14% under it.
+TEST_CASE("peak oracle: a budget plan measured just over its target is moved back to the nearest plan that fits",
+          "[plan][oracle][budget]") {
+  const auto builder = activation_heavy(6);
+  const Graph graph = builder.graph();
+  int tried = 0;
+  for (const double fraction : {0.6, 0.7, 0.8, 0.9}) {
+    CAPTURE(fraction);
+    const PlanResult simulated = plan(graph, budget_options(fraction));
+    if (!simulated.stats.budget_met) continue;
+    const std::int64_t resident = simulated.stats.simulated_peak_before - simulated.stats.simulated_activation_peak_before;
+    const std::int64_t target = simulated.stats.budget_bytes - resident;
+    // The compiler holds one byte more than the simulated choice's target: every plan measures
+    // its simulated figure plus that excess.
+    const std::int64_t excess = target - simulated.stats.simulated_activation_peak_after + 1;
+    auto measured_of = [excess](const nlohmann::json& stats) {
+      return stats.at("simulated_activation_peak_after").get<std::int64_t>() + excess;
+    };
+    // What a bisection of the bare frontier points would keep: the least-recompute one that fits.
+    double bare = std::numeric_limits<double>::infinity();
+    for (const auto& p : frontier(graph, budget_options(fraction)))
+      if (p.simulated_activation_peak_bytes + excess <= target) bare = std::min(bare, p.recompute_seconds);
+    REQUIRE(std::isfinite(bare));
+    PlanOptions options = budget_options(fraction);
+    options.peak_oracle = [&](const std::string& text) -> std::int64_t {
+      return routed_to_stock(text) ? std::int64_t{1} << 40 : measured_of(nlohmann::json::parse(text).at("stats"));
+    };
+    const PlanResult r = plan(graph, options);
+    CHECK(r.stats.budget_met);
+    CHECK(r.stats.measured_peak_after <= target);
+    CHECK(r.stats.recompute_seconds > simulated.stats.recompute_seconds);  // the choice did not fit
+    CHECK(r.stats.recompute_seconds < bare);                               // nearer the target than a bare point
+    CHECK(r.stats.oracle_calls <= 1 + kOracleSearchProbes + 1);           // no bisection: the choice, the search, stock
+    ++tried;
+  }
+  CHECK(tried >= 2);  // fractions the simulation meets (0.8 and 0.9 on this graph)
+}
+
 TEST_CASE("peak oracle: a budget plan measured well under its target is raised to less recompute that still fits",
           "[plan][oracle][budget]") {
   const auto builder = activation_heavy(4);
@@ -997,9 +1040,9 @@ TEST_CASE("peak oracle: a budget plan measured well under its target is raised t
   CHECK(raised.stats.measured_peak_after > simulated.stats.simulated_activation_peak_after - fused_away);
   CHECK(raised.stats.recompute_seconds < simulated.stats.recompute_seconds);
   CHECK(raised.stats.oracle_calls == seen.size());
-  CHECK(raised.stats.oracle_calls <= 2 + kOracleRaiseProbes);  // the simulated choice, the raises, stock
+  CHECK(raised.stats.oracle_calls <= 2 + kOracleSearchProbes);  // the simulated choice, the search, stock
   bool said = false;
-  for (const auto& d : raised.diagnostics) said = said || d.message.find("a plan with less recompute measures") != std::string::npos;
+  for (const auto& d : raised.diagnostics) said = said || d.message.find("the simulated choice measured") != std::string::npos;
   CHECK(said);
 
   // Measured as simulated: nothing to raise, the simulated choice stands.

@@ -82,18 +82,25 @@ struct PlanOptions {
   std::function<std::int64_t(const std::string& plan_json)> peak_lower_bound;
 };
 
-// Budget mode with a peak oracle: the most frontier points measured past the
-// simulated choice (a bisection over the frontier, least recompute first).
-inline constexpr std::size_t kOracleBudgetProbes = 5;
-// Budget mode with a peak oracle: a plan measured more than this fraction
-// under its target leaves memory unused; the search raises the simulated target
-// (less recompute) and keeps the raised plan if its measured peak still fits.
+// Budget mode with a peak oracle: the budget is met on the measured peak when
+// a plan measures within [1 - kBudgetMeasuredSlack, 1] x its target; further
+// under, memory is left unused and the search moves the simulated target
+// towards the measured one (aiming at the middle of that band).
 inline constexpr double kBudgetMeasuredSlack = 0.01;
-// ... measuring at most this many raised plans: one raise by the measured
-// slack, which lands near the target (the two move about alike), and one
-// halfway back should it measure over. Each measurement is a compile; a longer
-// search bought little recompute for its compile time.
-inline constexpr std::size_t kOracleRaiseProbes = 2;
+// ... measuring at most this many plans past the simulated choice: the first
+// moves the simulated target by the measured gap (one for one), the next by
+// the slope the two measured, or by the secant between a plan that fits and
+// one over. Each measurement is a compile; on the realistic tier two moves
+// land within the slack where one for one did not (Inductor fuses away part
+// of each simulated byte).
+inline constexpr std::size_t kOracleSearchProbes = 3;
+// Measured bytes per simulated byte the search assumes between two plans at
+// most and at least, whatever the two measured (a plan changes in steps).
+inline constexpr double kMeasuredSlopeBounds[2] = {0.25, 1.5};
+// When no plan the search tried fits: the most frontier points measured past
+// the simulated choice (a bisection over the frontier, least recompute first),
+// then the search again between the point that fits and the least plan over.
+inline constexpr std::size_t kOracleBudgetProbes = 5;
 
 struct PlanStats {
   std::size_t regions = 0;
