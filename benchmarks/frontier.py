@@ -212,6 +212,18 @@ def byte_budget_point(fraction: float) -> str:
     return f"budget {fraction:g}× stock peak"
 
 
+def byte_budget_fraction(point: str) -> Optional[float]:
+    """The fraction of a :func:`byte_budget_point` name; None for any other point."""
+    head, _, rest = point.partition(" ")
+    number, _, tail = rest.partition("×")
+    if head != "budget" or tail != " stock peak":
+        return None
+    try:
+        return float(number)
+    except ValueError:
+        return None
+
+
 def _byte_budget(fraction: float) -> Callable:
     def config(model: Any, batch: dict, stock_peak: Optional[int]) -> dict:
         if stock_peak is None:

@@ -7,13 +7,16 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from benchmarks.common import MiB
-from benchmarks.frontier import HAC_SYSTEMS
+from benchmarks.frontier import HAC_SYSTEMS, byte_budget_fraction
 from benchmarks.report import _md_table, _mib, _write_csv, provenance_header, save_plot
 
 #: A point is weakly dominated by a hyper_ac point with peak <= PEAK_TOL x its peak and step <= STEP_TOL x its step.
 PEAK_TOL = 1.01
 STEP_TOL = 1.03
 NOT_DOMINATED = "not dominated"
+#: A byte budget is met when its measured peak lies within [1 - BUDGET_SLACK, 1] x its target
+#: (the core's kBudgetMeasuredSlack); under the least peak any hyper_ac point measured it is unreachable.
+BUDGET_SLACK = 0.01
 
 #: The frontier table's columns, in order, with the type a run gives each value (read_frontier reads them back so).
 FRONTIER_COLUMN_TYPES = {
@@ -105,6 +108,57 @@ def least_memory_line(model: str, rows: list[dict]) -> str:
             f"{hac['step_ratio']:.2f}× its step, is {verdict} least-memory point: " + "; ".join(parts) + ".")
 
 
+def budget_rows(model: str, rows: list[dict]) -> list[dict]:
+    """The model's whole-model byte budgets, highest fraction first, each with ``fraction``,
+    ``of_target`` (measured peak / target) and ``verdict``: ``met`` (within BUDGET_SLACK under),
+    ``under``, ``over`` or ``unreachable`` (target under the least peak any whole-model hyper_ac
+    point measured, that peak within BUDGET_SLACK of it: the floor)."""
+    mine = [r for r in rows if r["model"] == model and r["system"] == "hyper_ac" and r.get("status") == "ok"
+            and r.get("peak_ratio") is not None]
+    if not mine:
+        return []
+    floor = min(r["peak_ratio"] for r in mine)
+    out = []
+    for r in mine:
+        fraction = byte_budget_fraction(r["point"])
+        if fraction is None:
+            continue
+        of_target = r["peak_ratio"] / fraction
+        if fraction < floor and r["peak_ratio"] <= floor * (1.0 + BUDGET_SLACK):
+            verdict = "unreachable"
+        elif of_target > 1.0:
+            verdict = "over"
+        elif of_target >= 1.0 - BUDGET_SLACK:
+            verdict = "met"
+        else:
+            verdict = "under"
+        out.append({**r, "fraction": fraction, "of_target": of_target, "verdict": verdict})
+    return sorted(out, key=lambda r: -r["fraction"])
+
+
+def budget_section(model: str, rows: list[dict]) -> list[str]:
+    """The byte budgets against their targets: a line (met, monotone, the floor against ``full``)
+    and a table; nothing when the model has no byte-budget point."""
+    budgets = budget_rows(model, rows)
+    if not budgets:
+        return []
+    met = sum(b["verdict"] in ("met", "unreachable") for b in budgets)
+    monotone = all(later["peak_ratio"] <= earlier["peak_ratio"] for earlier, later in zip(budgets, budgets[1:]))
+    full = next((r for r in rows if r["model"] == model and r["system"] == "hyper_ac" and r["point"] == "full"
+                 and r.get("status") == "ok" and r.get("peak_ratio") is not None), None)
+    floor = min(b["peak_ratio"] for b in budgets)
+    against_full = ("" if full is None else
+                    f"; the least budget peak is {floor / full['peak_ratio']:.3f}× `full`'s ({full['peak_ratio']:.3f}×)")
+    line = (f"Byte budgets against their targets: {met} of {len(budgets)} met within {BUDGET_SLACK:.0%} under "
+            f"their target or at the floor where unreachable; peaks {'monotone' if monotone else '**not monotone**'} "
+            f"in the fraction{against_full}.")
+    table = _md_table(["budget", "peak ×stock", "peak ÷ target", "verdict"],
+                      [[r["point"], _ratio(r["peak_ratio"]), f"{r['of_target']:.3f}",
+                        r["verdict"] if r["verdict"] in ("met", "unreachable") else f"**{r['verdict']}**"]
+                       for r in budgets])
+    return [line, "", table, ""]
+
+
 def _ratio(x: Any, digits: int = 3) -> str:
     return "–" if x is None else f"{x:.{digits}f}×"
 
@@ -169,12 +223,14 @@ def render_frontier_markdown(meta: dict, rows: list[dict]) -> str:
         line = frontier_line([r for r in mine if r["system"] in HAC_SYSTEMS])
         if not line:  # no step timed (--paired-rounds 0): no dominance, no frontier, no plot
             out += [f"## {m}", "", "Peaks only: no point's step was timed.", "", model_table(m, rows), ""]
+            out += budget_section(m, rows)
             continue
         plot = f" Plot: `frontier_{m}.png`." if f"frontier_{m}.png" in meta.get("plots", []) else ""
         out += [f"## {m}", "", f"{beaten} of {len(others)} other points dominated by a hyper_ac point. "
                 f"hyper_ac's frontier: " + ", ".join(f"{label(r)} ({r['peak_ratio']:.3f}×, {r['step_ratio']:.3f}×)"
                                                      for r in line) + f".{plot}", "",
                 model_table(m, rows), ""]
+        out += budget_section(m, rows)
     return "\n".join(out)
 
 

@@ -172,3 +172,31 @@ def test_plot_labels_share_a_spot_and_do_not_overlap():
     for i, a in enumerate(boxes):
         for b in boxes[i + 1:]:
             assert not (a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]), (a, b)
+
+
+def test_byte_budget_names_read_back_to_their_fraction():
+    from benchmarks.frontier import byte_budget_fraction, byte_budget_point
+
+    for f in (0.9, 0.85, 0.3):
+        assert byte_budget_fraction(byte_budget_point(f)) == f
+    for other in ("budget 0.5", "auto", "budget x× stock peak", "budget 0.5× stock"):
+        assert byte_budget_fraction(other) is None
+
+
+def test_budget_section_judges_each_byte_budget_against_its_target():
+    rs = [row("stock", "whole compile", 100, None),
+          row("hyper_ac", "full", 40, None),
+          row("hyper_ac", "budget 0.9× stock peak", 89.5, None),   # 0.994 of target: met
+          row("hyper_ac", "budget 0.7× stock peak", 60, None),     # 0.857: under
+          row("hyper_ac", "budget 0.6× stock peak", 61, None),     # over, and above 0.7's: not monotone
+          row("hyper_ac", "budget 0.3× stock peak", 38, None),     # under the least other peak: the floor
+          row("hyper_ac_block", "budget 0.5", 20, None)]           # per-block fractions are not byte budgets
+    fr.add_ratios(rs)
+    judged = {r["point"]: r["verdict"] for r in fr.budget_rows("m", rs)}
+    assert judged == {"budget 0.9× stock peak": "met", "budget 0.7× stock peak": "under",
+                      "budget 0.6× stock peak": "over", "budget 0.3× stock peak": "unreachable"}
+    line = fr.budget_section("m", rs)[0]
+    assert "2 of 4 met" in line and "**not monotone**" in line and "0.950× `full`'s (0.400×)" in line
+    assert fr.budget_section("other", rs) == []
+    page = fr.render_frontier_markdown(_meta("python -m benchmarks", ["hyper_ac"], 1.0), rs)
+    assert "Byte budgets against their targets" in page and "| budget 0.7× stock peak | 0.600× | 0.857 | **under** |" in page
