@@ -27,15 +27,23 @@ cache (its lowering and code generation done once; only the C++ kernels, stubbed
 here, are built). What the cache does not key on (the donated buffers, the
 outputs' strides kept) is set as the real compile sets it, so a hit loads what
 the real compile would have generated.
+
+Each figure is remembered for the rest of the process under what it depends on
+(:func:`measurement_key`: the joint graph, its inputs and tags, the candidate's
+decisions, the Inductor and functorch settings): a graph compiled again (a
+second model of the same shape, a recompile after ``torch._dynamo.reset()``) is
+planned without compiling its candidates again.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import contextvars
 import dataclasses
 import functools
+import hashlib
 import json
 import time
 import types
@@ -49,7 +57,8 @@ from hyper_ac import fx_meta
 from hyper_ac._fx import copy_graph_module
 from hyper_ac.planning import plan_doc
 
-__all__ = ["InductorDryRun", "RealCompile", "dry_run_peak", "dry_running", "forward_outputs_bytes", "stubbed_kernels"]
+__all__ = ["InductorDryRun", "RealCompile", "dry_run_peak", "dry_running", "forget_measured", "forward_outputs_bytes",
+           "graph_key", "measurement_key", "stubbed_kernels"]
 
 _MEASURING: contextvars.ContextVar[Optional[str]] = contextvars.ContextVar("hyper_ac_dry_run", default=None)
 
@@ -337,6 +346,74 @@ def dry_run_peak(forward: fx.GraphModule, backward: fx.GraphModule,
     return peak
 
 
+# Dry-run peaks measured in this process, by measurement_key; least recently used out first.
+_MEASURED: "collections.OrderedDict[str, int]" = collections.OrderedDict()
+_MEASURED_LIMIT = 4096
+# Plan document keys that do not change what is compiled: figures and notes about the decisions.
+_NOT_DECISIONS = frozenset({"stats", "diagnostics", "mode", "route_reason"})
+
+
+def forget_measured() -> None:
+    """Forget every figure measured in this process: the next plan of any graph runs its dry runs."""
+    _MEASURED.clear()
+
+
+def _remembered(key: str) -> Optional[int]:
+    if key not in _MEASURED:
+        return None
+    _MEASURED.move_to_end(key)
+    return _MEASURED[key]
+
+
+def _remember(key: str, figure: int) -> None:
+    _MEASURED[key] = figure
+    while len(_MEASURED) > _MEASURED_LIMIT:
+        _MEASURED.popitem(last=False)
+
+
+def _value_key(value: Any) -> tuple:
+    """What a placeholder's example value contributes to a measurement's key: a tensor's layout
+    (symbolic sizes by their expressions), a number itself, anything else its type."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(str(d) for d in value.shape), tuple(str(d) for d in value.stride()),
+                str(value.dtype), str(value.device), value.requires_grad)
+    if isinstance(value, (bool, int, float, str, torch.SymInt, torch.SymFloat)):
+        return (type(value).__name__, str(value))
+    return (type(value).__name__,)
+
+
+def graph_key(joint: fx.GraphModule, real: Optional[RealCompile]) -> str:
+    """What a joint graph contributes to its candidates' measurement keys: its code, its inputs'
+    layouts, every node's checkpoint tags (the partition honours them), and the real compile's
+    arguments; the torch build."""
+    digest = hashlib.sha256(torch.__version__.encode())
+    digest.update(joint.code.encode())
+    for node in joint.graph.nodes:
+        if node.op == "placeholder":
+            digest.update(repr((node.name, _value_key(fx_meta.val(node)))).encode())
+        tags = (node.meta.get("recompute"), node.meta.get("ac_graph_id"))
+        if tags != (None, None):
+            digest.update(repr((node.name, str(tags[0]), tags[1])).encode())
+    if real is not None:
+        digest.update(real.dynamo_graph.code.encode())
+        digest.update(repr((real.num_example_inputs, real.static_input_indices, real.num_fwd_outputs,
+                            real.num_mutated_inputs)).encode())
+    return digest.hexdigest()
+
+
+def measurement_key(graph: str, plan: dict, patches: Callable[[bool], dict]) -> str:
+    """The key a dry-run figure is remembered by: the graph's (:func:`graph_key`), the candidate's
+    decisions (its plan document less figures and notes), the Inductor settings the two modules
+    compile under (the backend's patches over the global config) and functorch's."""
+    import torch._functorch.config as functorch_config
+
+    digest = hashlib.sha256(graph.encode())
+    digest.update(json.dumps({k: v for k, v in plan.items() if k not in _NOT_DECISIONS}, sort_keys=True).encode())
+    digest.update(repr((sorted(patches(False).items()), sorted(patches(True).items()))).encode())
+    digest.update(torch._inductor.config.get_hash() + functorch_config.get_hash())
+    return digest.hexdigest()
+
+
 class InductorDryRun:
     """``PlanOptions::peak_oracle`` for one joint graph under ``hyper_ac.backend(compiler="inductor")``.
 
@@ -355,7 +432,9 @@ class InductorDryRun:
         # Inputs a dry run cannot make (a DTensor's mesh, a device tensor) rule the graph out before any work.
         self._unmeasurable = why_not_measurable(joint)
         self._joint = None if self._unmeasurable else copy_graph_module(joint)  # before any plan touches it
-        self.calls: list[tuple[str, int, float]] = []
+        self.calls: list[tuple[str, int, float]] = []  # the dry runs this graph's planning ran
+        self.remembered = 0  # candidates measured before in this process: no dry run
+        self._graph_key = None if self._unmeasurable else graph_key(joint, real)
         self._warned = False
         self._partitioned: dict[str, tuple] = {}  # plan text -> modules, from lower_bound for __call__
 
@@ -372,6 +451,9 @@ class InductorDryRun:
         plan = json.loads(plan_text)
         if self._unmeasurable:
             return -1
+        key = "lower bound " + measurement_key(self._graph_key, plan, lambda is_backward: {})
+        if (known := _remembered(key)) is not None:
+            return known
         try:
             forward, backward = self._partition(copy_graph_module(self._joint), plan)
         except Exception:  # the dry run says why, should the core ask it
@@ -379,18 +461,25 @@ class InductorDryRun:
         if why_not_measurable(forward, backward) is not None:
             return -1
         self._partitioned[plan_text] = (forward, backward)
-        return forward_outputs_bytes(forward)
+        bound = forward_outputs_bytes(forward)
+        _remember(key, bound)
+        return bound
 
     def __call__(self, plan_text: str) -> int:
         started = time.perf_counter()
         plan = json.loads(plan_text)
         if self._unmeasurable:
             return self._cannot(plan, f"not measurable: {self._unmeasurable}", started)
+        patches = functools.partial(self._patches, stock_route=plan_doc.route(plan) == "stock")  # as the real compile
+        key = measurement_key(self._graph_key, plan, patches)
+        if (known := _remembered(key)) is not None:
+            self._partitioned.pop(plan_text, None)
+            self.remembered += 1
+            return known
         forward, backward = self._modules(plan_text, plan)
         reason = why_not_measurable(forward, backward)
         if reason is not None:
             return self._cannot(plan, f"not measurable: {reason}", started)
-        patches = functools.partial(self._patches, stock_route=plan_doc.route(plan) == "stock")  # as the real compile
         token = _MEASURING.set(plan_doc.route(plan))
         try:
             peak = dry_run_peak(forward, backward, patches, self._real)
@@ -399,6 +488,7 @@ class InductorDryRun:
         finally:
             _MEASURING.reset(token)
         self.calls.append((plan_doc.route(plan), peak, time.perf_counter() - started))
+        _remember(key, peak)
         return peak
 
     def _cannot(self, plan: dict, why: str, started: float) -> int:

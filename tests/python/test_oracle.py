@@ -252,3 +252,40 @@ def test_the_kept_plans_kernels_are_built_behind_the_dry_runs(compile_threads):
         assert sum(built_behind) > 0 and sum(real_builds) == 0, loads
     else:
         assert not built_behind and sum(real_builds) > 0, loads
+
+
+def test_a_graph_compiled_again_is_planned_from_the_figures_measured_before():
+    """Each dry-run figure is remembered for the process under the graph, the candidate's decisions
+    and the Inductor settings (oracle.measurement_key): a second model of the same shape, compiled after
+    torch._dynamo.reset(), gets the same plan and the same measured figures without a dry run. Other
+    Inductor settings are another key: measured afresh."""
+    import torch._inductor.compile_fx as compile_fx_module
+
+    from hyper_ac.lower.oracle import dry_running
+
+    routes: list = []
+    real = compile_fx_module.compile_fx_inner
+
+    def spy(*args, **kwargs):
+        routes.append(dry_running())
+        return real(*args, **kwargs)
+
+    config = {"ac_mode": "budget", "ac_memory_budget": 0.5}
+    compile_fx_module.compile_fx_inner = spy
+    try:
+        first_peak, first = _step(config)
+        first_dry = sum(route is not None for route in routes)
+        routes.clear()
+        again_peak, again = _step(config)
+        again_dry = sum(route is not None for route in routes)
+        routes.clear()
+        with torch._inductor.config.patch(max_fusion_size=32):
+            _, other = _step(config)
+        other_dry = sum(route is not None for route in routes)
+    finally:
+        compile_fx_module.compile_fx_inner = real
+    assert first_dry >= 2 and again_dry == 0 and other_dry >= 2, (first_dry, again_dry, other_dry)
+    assert again[0]["saved"] == first[0]["saved"] and again[0]["route"] == first[0]["route"]
+    for key in ("measured_peak_after", "oracle_calls", "measured_stock_lower_bound", "recompute_seconds"):
+        assert again[0]["stats"][key] == first[0]["stats"][key], key
+    assert abs(again_peak - first_peak) <= SLACK_BYTES
