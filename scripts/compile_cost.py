@@ -6,9 +6,11 @@ timed (**cold**: Inductor writes and builds its C++ kernels), then the first ste
 second freshly built model in the same process (**warm**: Inductor's FX graph and
 kernel caches hit). hyper_ac's dry runs compile as the real compile will and share
 the FX graph cache with it (docs/mincut.md "Measured peaks"): cold, the kept
-candidate's real compile loads its dry run's work; warm, the dry runs hit too. Each hyper_ac mode compiles through ``hyper_ac.backend(config,
-compiler="inductor")``; its row gives the plan's ``oracle_calls`` (dry runs, one
-Inductor compile each without the C++ builds) and whether stock's lower bound
+candidate's real compile loads its dry run's work; warm, the candidates' figures are
+remembered from the cold compile (no dry run) and the real compile hits the cache. Each hyper_ac mode compiles through ``hyper_ac.backend(config,
+compiler="inductor")``; its row gives the plan's ``oracle_calls`` (candidates asked for),
+the dry runs (one Inductor compile each without the C++ builds; a candidate measured
+before in the process is answered without one) and whether stock's lower bound
 spared stock's dry run. The ratio is the mode's compile over stock's, cold to
 cold and warm to warm: the issue-37 goal is compile + plan <= 2x stock's compile.
 
@@ -54,8 +56,20 @@ def _child(args: argparse.Namespace) -> None:
     warnings.simplefilter("ignore")
     spec = ModelSpec(layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, batch=args.batch)
     config = _config(args.child)
-    seconds, plans = [], []
+    seconds, plans, dry_runs = [], [], []
+    # The dry runs each compile ran: the core asks for each distinct candidate (`oracle_calls`), and
+    # the oracle answers a candidate measured before in this process without one (oracle.measurement_key).
+    from hyper_ac.lower import oracle
+
+    measure = oracle.dry_run_peak
+
+    def counted(*a, **k):
+        dry_runs[-1] += 1
+        return measure(*a, **k)
+
+    oracle.dry_run_peak = counted
     for _ in range(2):
+        dry_runs.append(0)
         torch._dynamo.reset()
         model, batch = build_model(args.model, spec), build_batch(args.model, spec)
         if config is None:
@@ -70,6 +84,7 @@ def _child(args: argparse.Namespace) -> None:
     stats = [p["stats"] for p in plans]
     print(json.dumps({"mode": args.child, "cold_s": seconds[0], "warm_s": seconds[1],
                       "oracle_calls": [s.get("oracle_calls", 0) for s in stats],
+                      "dry_runs": dry_runs if config is not None else [],
                       "stock_measured": [s.get("measured_stock_peak", -1) >= 0 for s in stats],
                       "routes": [p.get("route") for p in plans]}))
 
@@ -125,19 +140,22 @@ def main() -> None:
         "",
         f"{shape}. Per mode one fresh process with an empty Inductor cache: **cold** is the first step of a",
         "fresh model (Inductor builds its C++ kernels), **warm** the first step of a second fresh model in the same",
-        "process (Inductor's caches hit, hyper_ac's dry runs' included). Dry runs: the plan's `oracle_calls`",
-        "in the cold compile, then the warm one; stock dry-run: whether stock was measured for the never-above-stock",
-        "guard (no: stock's lower bound sufficed).",
+        "process (Inductor's caches hit; hyper_ac's dry-run figures remembered). Candidates: the plan's",
+        "`oracle_calls` (each distinct candidate the core asked the oracle for), in the cold compile, then the",
+        "warm one; dry runs: how many of those were compiled and run (a figure measured before in the process is",
+        "not); stock dry-run: whether stock was measured for the never-above-stock guard (no: stock's lower bound",
+        "sufficed).",
         "",
-        "| mode | cold s | cold × stock | warm s | warm × stock | dry runs | stock dry-run | route |",
-        "|---|---|---|---|---|---|---|---|",
+        "| mode | cold s | cold × stock | warm s | warm × stock | candidates | dry runs | stock dry-run | route |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for mode, row in rows.items():
         calls = ", ".join(str(c) for c in row["oracle_calls"]) or "–"
+        dry = ", ".join(str(c) for c in row.get("dry_runs", [])) or "–"
         measured = ", ".join("yes" if m else "no" for m in row["stock_measured"]) or "–"
         routes = ", ".join(r or "?" for r in row["routes"]) or "–"
         out.append(f"| {mode} | {row['cold_s']:.1f} | {row['cold_s'] / stock['cold_s']:.2f}× | {row['warm_s']:.1f} | "
-                   f"{row['warm_s'] / stock['warm_s']:.2f}× | {calls} | {measured} | {routes} |")
+                   f"{row['warm_s'] / stock['warm_s']:.2f}× | {calls} | {dry} | {measured} | {routes} |")
     text = "\n".join(out) + "\n"
     print(text)
     if args.out is not None:
