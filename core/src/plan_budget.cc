@@ -29,6 +29,19 @@ std::int64_t budget_target(const Graph& graph, const MemoryBudget& budget, const
   return bytes_from_double(static_cast<double>(all_saved.peak_bytes_with_resident) - (1.0 - fraction) * activations);
 }
 
+// What exists before the step, which a measured peak leaves out: the parameters,
+// buffers, the user's inputs and the graph's constants. Not the tangents: the step makes them (autograd
+// materialises an unused output's as zeros), so the measured figure holds them.
+std::int64_t bytes_before_step(const Graph& graph) {
+  __int128 total = 0;
+  for (const auto& node : graph.nodes)
+    if (node.kind == NodeKind::GetAttr ||
+        (node.kind == NodeKind::Placeholder &&
+         (node.role == Role::Parameter || node.role == Role::Buffer || node.role == Role::Input)))
+      total += node.output_bytes();
+  return clamp_bytes(total);
+}
+
 // The budget's choice for a simulated target: the first frontier point whose
 // scored figure fits, then the descent (choose_within_budget's rule). None: no point fits.
 std::optional<Evaluation> choose_on_frontier(const Graph& graph, const detail::NodeIndex& index,
@@ -47,6 +60,9 @@ std::optional<Evaluation> choose_on_frontier(const Graph& graph, const detail::N
   }
   return std::nullopt;
 }
+
+// The measured search's tries in all, new measurements or not.
+constexpr std::size_t kSearchTries = 4 * kOracleSearchProbes;
 
 // One plan the measured search tried: the simulated target it was chosen for
 // (choose_on_frontier) and the peak the oracle measured.
@@ -71,8 +87,10 @@ double measured_slope(const std::optional<Tried>& a, const std::optional<Tried>&
 // measured target: past one measured point by the slope learnt so far, or
 // between a plan that fits and one over by the secant. Each target's plan is
 // the budget's own (first fitting frontier point, then the descent). It stops
-// when a plan that fits is within the slack, after kOracleSearchProbes
-// measurements, or when the two bracket no simulated byte. The kept plan is
+// when a plan that fits is within the slack, after kOracleSearchProbes new
+// measurements (a target whose plan was measured before is free: the next
+// moves further, by the flatter slope it learnt), or when the two bracket no
+// simulated byte. The kept plan is
 // the least-recompute one that fits.
 void search_measured_target(const Graph& graph, const detail::NodeIndex& index, const StageOptions& stages,
                             const BudgetSearch& search, MeasuredPeaks& measured, std::int64_t target,
@@ -82,7 +100,10 @@ void search_measured_target(const Graph& graph, const detail::NodeIndex& index, 
   const double aim = static_cast<double>(target) - slack / 2;
   std::optional<Tried> last = fits ? fits : over, before;
   SecondsCache seconds;
-  for (std::size_t probe = 0; probe < kOracleSearchProbes; ++probe) {
+  // A target whose plan was measured before costs no compile: only new measurements count
+  // against kOracleSearchProbes, and the tries are bounded apart.
+  std::size_t new_measurements = 0;
+  for (std::size_t tries = 0; new_measurements < kOracleSearchProbes && tries < kSearchTries; ++tries) {
     if (fits && static_cast<double>(target - fits->measured) <= slack) return;
     double proposal;
     if (fits && over) {
@@ -96,8 +117,10 @@ void search_measured_target(const Graph& graph, const detail::NodeIndex& index, 
     std::optional<Evaluation> candidate = choose_on_frontier(graph, index, stages, search.frontier, simulated, result,
                                                              seconds);
     if (!candidate) return;
+    const std::size_t calls = result.stats.oracle_calls;
     const std::int64_t bytes = measured.of(*candidate);
     if (bytes < 0) return;
+    new_measurements += result.stats.oracle_calls > calls ? 1 : 0;
     before = last;
     last = Tried{simulated, bytes};
     if (bytes > target) {
@@ -105,7 +128,9 @@ void search_measured_target(const Graph& graph, const detail::NodeIndex& index, 
       continue;
     }
     if (!fits || last->simulated > fits->simulated) fits = last;
-    if (!kept || candidate->recompute_seconds < kept->recompute_seconds) {
+    // Less recompute, or as little nearer the target (the memory is the user's to spend).
+    if (!kept || candidate->recompute_seconds < kept->recompute_seconds ||
+        (candidate->recompute_seconds <= kept->recompute_seconds && bytes > kept_bytes)) {
       kept = std::move(*candidate);
       kept_bytes = bytes;
     }
@@ -211,7 +236,7 @@ Evaluation choose_within_budget(const Graph& graph, const detail::NodeIndex& ind
   }
   result.stats.budget_met = met;
   search.target = target;
-  search.resident_bytes = all_saved.peak_bytes_with_resident - all_saved.peak_bytes;
+  search.resident_bytes = bytes_before_step(graph);
   if (!met) {
     result.diagnostics.push_back(
         {Severity::Warning, -1,

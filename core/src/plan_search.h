@@ -123,7 +123,7 @@ Descent descend_within_budget(const Graph& graph, const detail::NodeIndex& index
 struct BudgetSearch {
   FrontierResult frontier;
   std::int64_t target = 0;
-  std::int64_t resident_bytes = 0;  // the all-saved step's resident values (parameters, inputs, tangents)
+  std::int64_t resident_bytes = 0;  // what exists before the step: parameters, buffers, inputs (not tangents)
   std::optional<std::size_t> chosen_point;  // frontier index of the chosen plan's point (before its descent)
 };
 

@@ -317,8 +317,9 @@ def dry_run_peak(forward: fx.GraphModule, backward: fx.GraphModule,
                  patches: Callable[[bool], dict] = lambda is_backward: {}, real: Optional[RealCompile] = None) -> int:
     """The bytes a step of these partitioned modules holds at its peak beyond its inputs:
     both compiled by Inductor with stubbed kernels, run once on zero-filled inputs (the
-    forward's user outputs freed after it, the gradients kept to the end, as in a step
-    whose output is reduced to a loss). ``patches(is_backward)``: the Inductor config each
+    forward's user outputs and the gradients kept to the end, as a training loop that keeps
+    ``outputs`` through ``outputs.loss.backward()`` holds them: what ``memory.measure_step``
+    measures and the core's simulation assumes). ``patches(is_backward)``: the Inductor config each
     module compiles under, as the real compile's. ``real``: the real compile's arguments,
     with which the dry run compiles as it will (and leaves its work in the FX graph cache);
     None compiles with Inductor's defaults, the cache off."""
@@ -332,9 +333,14 @@ def dry_run_peak(forward: fx.GraphModule, backward: fx.GraphModule,
     run_forward, run_backward, backward_inputs = _compile(forward, backward, forward_inputs, output_names, patches, real)
     with unset_fake_temporarily():
         args = [_zeros_like(value) for value in forward_inputs]
+        saved_names = {node.name for node in _placeholders(backward)}
         with memory.track() as tracked:
             outputs = run_forward(args)  # boxed: takes the list and frees what it no longer needs
             produced = dict(zip(output_names, outputs))
+            # The user's outputs stay alive through the backward: the forward's first num_fwd_outputs
+            # (the real compile's), else those the backward does not take.
+            user = (outputs[:real.num_fwd_outputs] if real is not None
+                    else [value for name, value in zip(output_names, outputs) if name not in saved_names])
             del outputs
             backward_args = [_as_laid_out(produced.pop(node.name), expected) if node.name in produced
                              else _zeros_like(expected)
@@ -342,7 +348,7 @@ def dry_run_peak(forward: fx.GraphModule, backward: fx.GraphModule,
             del produced
             gradients = run_backward(backward_args)
             peak = tracked.peak_bytes
-        del gradients
+        del gradients, user
     return peak
 
 
