@@ -53,7 +53,9 @@ def stock_peak():
     return _step(None)[0]
 
 
-@pytest.mark.parametrize("config", [{"ac_mode": "selective"}, {"ac_mode": "budget", "ac_memory_budget": 0.5}])
+# Budget 0.3: at this size 0.5 of the all-saved activations is above stock's measured peak (the logits
+# and their tangent weigh), so stock's partition meets it and the plan is left to stock.
+@pytest.mark.parametrize("config", [{"ac_mode": "selective"}, {"ac_mode": "budget", "ac_memory_budget": 0.3}])
 def test_dry_run_equals_the_real_step(config, stock_peak):
     peak, plans = _step(config)
     assert len(plans) == 1
