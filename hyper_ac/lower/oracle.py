@@ -397,9 +397,8 @@ def graph_key(joint: fx.GraphModule, real: Optional[RealCompile]) -> str:
     for node in joint.graph.nodes:
         if node.op == "placeholder":
             digest.update(repr((node.name, _value_key(fx_meta.val(node)))).encode())
-        tags = (node.meta.get("recompute"), node.meta.get("ac_graph_id"))
-        if tags != (None, None):
-            digest.update(repr((node.name, str(tags[0]), tags[1])).encode())
+        if fx_meta.user_tagged(node):
+            digest.update(repr((node.name, str(fx_meta.policy(node)), fx_meta.graph_id(node))).encode())
     if real is not None:
         digest.update(real.dynamo_graph.code.encode())
         digest.update(repr((real.num_example_inputs, real.static_input_indices, real.num_fwd_outputs,
