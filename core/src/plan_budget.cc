@@ -94,7 +94,7 @@ double measured_slope(const std::optional<Tried>& a, const std::optional<Tried>&
 // the least-recompute one that fits.
 void search_measured_target(const Graph& graph, const detail::NodeIndex& index, const StageOptions& stages,
                             const BudgetSearch& search, MeasuredPeaks& measured, std::int64_t target,
-                            std::optional<Tried> fits, std::optional<Tried> over, PlanResult& result,
+                            std::optional<Tried> fits, std::optional<Tried>& over, PlanResult& result,
                             std::optional<Evaluation>& kept, std::int64_t& kept_bytes) {
   const double slack = kBudgetMeasuredSlack * static_cast<double>(target);
   const double aim = static_cast<double>(target) - slack / 2;
@@ -321,6 +321,16 @@ void continue_budget_on_measured(const Graph& graph, const detail::NodeIndex& in
                                       format_bytes(kept_bytes) + " recomputes " +
                                       format_seconds(chosen.recompute_seconds) + " (" +
                                       std::to_string(result.stats.oracle_calls) + " plans measured)"});
+  // Met further under than the slack: plans change in steps, and the search says which step it found over.
+  if (result.stats.budget_met && over &&
+      static_cast<double>(target - kept_bytes) > kBudgetMeasuredSlack * static_cast<double>(target))
+    result.diagnostics.push_back({Severity::Info, -1,
+                                  "memory budget on the measured peak (" + format_bytes(target) + "): kept " +
+                                      format_bytes(kept_bytes) + ", more than " +
+                                      std::to_string(static_cast<int>(kBudgetMeasuredSlack * 100)) +
+                                      "% under it; the nearest plan the search measured over it holds " +
+                                      format_bytes(over->measured) + " (" + format_bytes(over->measured - target) +
+                                      " over; plans change in steps)"});
   if (result.stats.budget_met != met_before || !result.stats.budget_met)
     result.diagnostics.push_back(
         {result.stats.budget_met ? Severity::Info : Severity::Warning, -1,
