@@ -146,9 +146,9 @@ def budget_section(model: str, rows: list[dict]) -> list[str]:
     monotone = all(later["peak_ratio"] <= earlier["peak_ratio"] for earlier, later in zip(budgets, budgets[1:]))
     full = next((r for r in rows if r["model"] == model and r["system"] == "hyper_ac" and r["point"] == "full"
                  and r.get("status") == "ok" and r.get("peak_ratio") is not None), None)
-    floor = min(b["peak_ratio"] for b in budgets)
+    least = min(b["peak_ratio"] for b in budgets)
     against_full = ("" if full is None else
-                    f"; the least budget peak is {floor / full['peak_ratio']:.3f}× `full`'s ({full['peak_ratio']:.3f}×)")
+                    f"; the least budget peak is {least / full['peak_ratio']:.3f}× `full`'s ({full['peak_ratio']:.3f}×)")
     line = (f"Byte budgets against their targets: {met} of {len(budgets)} met within {BUDGET_SLACK:.0%} under "
             f"their target or at the floor where unreachable; peaks {'monotone' if monotone else '**not monotone**'} "
             f"in the fraction{against_full}.")

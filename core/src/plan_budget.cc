@@ -81,6 +81,15 @@ double measured_slope(const std::optional<Tried>& a, const std::optional<Tried>&
   return std::clamp(slope, kMeasuredSlopeBounds[0], kMeasuredSlopeBounds[1]);
 }
 
+// What the measured search knows: the highest plan that fit and the lowest
+// over (by simulated target), and the kept plan, the least-recompute one that
+// fits, with its measured bytes.
+struct MeasuredSearch {
+  std::optional<Tried> fits, over;
+  std::optional<Evaluation> kept;
+  std::int64_t kept_bytes = -1;
+};
+
 // The measured search (continue_budget_on_measured): from the simulated
 // choice, which measured `fits` (within the target) or `over` it, the
 // simulated target is moved to aim inside [1 - kBudgetMeasuredSlack, 1] x the
@@ -94,8 +103,9 @@ double measured_slope(const std::optional<Tried>& a, const std::optional<Tried>&
 // the least-recompute one that fits.
 void search_measured_target(const Graph& graph, const detail::NodeIndex& index, const StageOptions& stages,
                             const BudgetSearch& search, MeasuredPeaks& measured, std::int64_t target,
-                            std::optional<Tried> fits, std::optional<Tried>& over, PlanResult& result,
-                            std::optional<Evaluation>& kept, std::int64_t& kept_bytes) {
+                            PlanResult& result, MeasuredSearch& state) {
+  std::optional<Tried>& fits = state.fits;
+  std::optional<Tried>& over = state.over;
   const double slack = kBudgetMeasuredSlack * static_cast<double>(target);
   const double aim = static_cast<double>(target) - slack / 2;
   std::optional<Tried> last = fits ? fits : over, before;
@@ -129,10 +139,10 @@ void search_measured_target(const Graph& graph, const detail::NodeIndex& index, 
     }
     if (!fits || last->simulated > fits->simulated) fits = last;
     // Less recompute, or as little nearer the target (the memory is the user's to spend).
-    if (!kept || candidate->recompute_seconds < kept->recompute_seconds ||
-        (candidate->recompute_seconds <= kept->recompute_seconds && bytes > kept_bytes)) {
-      kept = std::move(*candidate);
-      kept_bytes = bytes;
+    if (!state.kept || candidate->recompute_seconds < state.kept->recompute_seconds ||
+        (candidate->recompute_seconds <= state.kept->recompute_seconds && bytes > state.kept_bytes)) {
+      state.kept = std::move(*candidate);
+      state.kept_bytes = bytes;
     }
   }
 }
@@ -264,18 +274,16 @@ void continue_budget_on_measured(const Graph& graph, const detail::NodeIndex& in
   // The choice as a tried plan: the simulated target it was chosen for, or, missed on the
   // simulation, its own figure (the least reachable).
   const Tried first{met_before ? search.target : scored_bytes(chosen, result.scope), first_bytes};
-  std::optional<Tried> fits, over;
-  std::optional<Evaluation> kept;
-  std::int64_t kept_bytes = -1;
+  MeasuredSearch state;
   if (first_bytes <= target) {
-    fits = first;
-    kept = chosen;
-    kept_bytes = first_bytes;
+    state.fits = first;
+    state.kept = chosen;
+    state.kept_bytes = first_bytes;
   } else {
-    over = first;
+    state.over = first;
   }
-  search_measured_target(graph, index, stages, search, measured, target, fits, over, result, kept, kept_bytes);
-  if (!kept) {
+  search_measured_target(graph, index, stages, search, measured, target, result, state);
+  if (!state.kept) {
     // Nothing near the choice fits: the frontier from the choice's own point (its descent may
     // have saved again what the compiler needs replayed) to its end is bisected on the measured
     // peak for the least-recompute point that fits, and the gap between that point and the
@@ -294,12 +302,12 @@ void continue_budget_on_measured(const Graph& graph, const detail::NodeIndex& in
       if (bytes < 0) break;
       const Tried tried{scored_bytes(evaluation, result.scope), bytes};
       if (bytes <= target) {
-        fits = tried;
-        kept = std::move(evaluation);
-        kept_bytes = bytes;
+        state.fits = tried;
+        state.kept = std::move(evaluation);
+        state.kept_bytes = bytes;
         hi = mid;
       } else {
-        if (!over || tried.simulated < over->simulated) over = tried;
+        if (!state.over || tried.simulated < state.over->simulated) state.over = tried;
         if (bytes < least_bytes) {
           chosen = std::move(evaluation);
           least_bytes = bytes;
@@ -307,10 +315,12 @@ void continue_budget_on_measured(const Graph& graph, const detail::NodeIndex& in
         lo = mid + 1;
       }
     }
-    if (kept) search_measured_target(graph, index, stages, search, measured, target, fits, over, result, kept, kept_bytes);
-    if (!kept) kept_bytes = least_bytes;
+    if (state.kept) search_measured_target(graph, index, stages, search, measured, target, result, state);
+    if (!state.kept) state.kept_bytes = least_bytes;
   }
-  if (kept) chosen = std::move(*kept);
+  if (state.kept) chosen = std::move(*state.kept);
+  const std::int64_t kept_bytes = state.kept_bytes;
+  const std::optional<Tried>& over = state.over;
   result.stats.budget_met = kept_bytes <= target;
   result.stats.measured_peak_after = kept_bytes;
   if (result.stats.budget_met && met_before && kept_bytes != first_bytes)

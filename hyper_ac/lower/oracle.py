@@ -438,7 +438,6 @@ class InductorDryRun:
         self._unmeasurable = why_not_measurable(joint)
         self._joint = None if self._unmeasurable else copy_graph_module(joint)  # before any plan touches it
         self.calls: list[tuple[str, int, float]] = []  # the dry runs this graph's planning ran
-        self.remembered = 0  # candidates measured before in this process: no dry run
         self._graph_key = None if self._unmeasurable else graph_key(joint, real)
         self._warned = False
         self._partitioned: dict[str, tuple] = {}  # plan text -> modules, from lower_bound for __call__
@@ -479,7 +478,6 @@ class InductorDryRun:
         key = measurement_key(self._graph_key, plan, patches)
         if (known := _remembered(key)) is not None:
             self._partitioned.pop(plan_text, None)
-            self.remembered += 1
             return known
         forward, backward = self._modules(plan_text, plan)
         reason = why_not_measurable(forward, backward)
