@@ -74,7 +74,8 @@ struct Tried {
 // Measured bytes per simulated byte between two tried plans, within bounds:
 // Inductor fuses away part of what a simulated byte adds (slopes of 0.5-0.8
 // on the realistic tier), and a step of the plan between two targets can
-// measure anything. Unknown: one for one.
+// measure anything. Unknown: one for one. For moving past both, not between
+// them (search_measured_target interpolates a bracket with its own slope).
 double measured_slope(const std::optional<Tried>& a, const std::optional<Tried>& b) {
   if (!a || !b || a->simulated == b->simulated) return 1.0;
   const double slope = static_cast<double>(b->measured - a->measured) / static_cast<double>(b->simulated - a->simulated);
@@ -113,12 +114,20 @@ void search_measured_target(const Graph& graph, const detail::NodeIndex& index, 
   // A target whose plan was measured before costs no compile: only new measurements count
   // against kOracleSearchProbes, and the tries are bounded apart.
   std::size_t new_measurements = 0;
+  bool repeated = false;  // the last try's plan was measured before
   for (std::size_t tries = 0; new_measurements < kOracleSearchProbes && tries < kSearchTries; ++tries) {
     if (fits && static_cast<double>(target - fits->measured) <= slack) return;
     double proposal;
     if (fits && over) {
       if (over->simulated - fits->simulated <= 1) return;
-      proposal = static_cast<double>(fits->simulated) + (aim - static_cast<double>(fits->measured)) / measured_slope(fits, over);
+      // Between a plan that fits and one over: the secant of the two (their own slope: the aim
+      // lies between their measured figures, so the secant lies between them), or, after a try
+      // that found a plan measured before (the plans step, and the secant keeps landing on the
+      // same one), the middle of the two targets.
+      const double slope = static_cast<double>(over->measured - fits->measured) /
+                           static_cast<double>(over->simulated - fits->simulated);
+      proposal = repeated ? static_cast<double>(fits->simulated) + static_cast<double>(over->simulated - fits->simulated) / 2
+                          : static_cast<double>(fits->simulated) + (aim - static_cast<double>(fits->measured)) / slope;
       proposal = std::clamp(proposal, static_cast<double>(fits->simulated + 1), static_cast<double>(over->simulated - 1));
     } else {
       proposal = static_cast<double>(last->simulated) + (aim - static_cast<double>(last->measured)) / measured_slope(before, last);
@@ -130,10 +139,16 @@ void search_measured_target(const Graph& graph, const detail::NodeIndex& index, 
     const std::size_t calls = result.stats.oracle_calls;
     const std::int64_t bytes = measured.of(*candidate);
     if (bytes < 0) return;
-    new_measurements += result.stats.oracle_calls > calls ? 1 : 0;
+    repeated = result.stats.oracle_calls == calls;
+    new_measurements += repeated ? 0 : 1;
     before = last;
     last = Tried{simulated, bytes};
     if (bytes > target) {
+      // A plan over stands at its own figure where that is past the plan that fits (a target
+      // between gives another plan, so the bracket closes in without measuring it again); a
+      // bounded descent can leave it under, and then at its target.
+      const std::int64_t own = scored_bytes(*candidate, result.scope);
+      if (own < simulated && (!fits || own > fits->simulated)) last->simulated = own;
       if (!over || last->simulated < over->simulated) over = last;
       continue;
     }
@@ -273,7 +288,8 @@ void continue_budget_on_measured(const Graph& graph, const detail::NodeIndex& in
   const double first_seconds = chosen.recompute_seconds;
   // The choice as a tried plan: the simulated target it was chosen for, or, missed on the
   // simulation, its own figure (the least reachable).
-  const Tried first{met_before ? search.target : scored_bytes(chosen, result.scope), first_bytes};
+  const Tried first{met_before && first_bytes <= target ? search.target : scored_bytes(chosen, result.scope),
+                    first_bytes};
   MeasuredSearch state;
   if (first_bytes <= target) {
     state.fits = first;

@@ -1030,6 +1030,42 @@ TEST_CASE("peak oracle: a budget plan measured just over its target is moved bac
   CHECK(tried >= 2);  // fractions the simulation meets (0.8 and 0.9 on this graph)
 }
 
+// GPT-2 at 0.45 x stock's peak on the realistic tier: near its floor a simulated byte measured
+// about three (Inductor's peak moved with the plan). The search bracketed the target, then its
+// secant, its slope bounded to 1.5, kept asking for the plan over it, measured nothing new and
+// kept the simulated choice, 15% under.
+TEST_CASE("peak oracle: a budget whose measured peak moves faster than the simulation closes in from both sides",
+          "[plan][oracle][budget]") {
+  const auto builder = activation_heavy(6);
+  const Graph graph = builder.graph();
+  const PlanResult simulated = plan(graph, budget_options(0.8));
+  REQUIRE(simulated.stats.budget_met);
+  const std::int64_t target = simulated.stats.budget_bytes - bytes_before_step(graph);
+  // Every simulated byte measures two, and the simulated choice measures 5 MiB under the target.
+  // Plans here change in 1 MiB steps: those measuring 3 MiB and 1 MiB under fit, the next is 1 MiB over.
+  constexpr std::int64_t MiB = 1 << 20;
+  const std::int64_t choice = simulated.stats.simulated_activation_peak_after;
+  const std::int64_t under = target - 5 * MiB;
+  PlanOptions options = budget_options(0.8);
+  std::set<std::string> seen;
+  options.peak_oracle = [&](const std::string& text) -> std::int64_t {
+    seen.insert(text);
+    if (routed_to_stock(text)) return std::int64_t{1} << 40;
+    const auto sim = nlohmann::json::parse(text).at("stats").at("simulated_activation_peak_after").get<std::int64_t>();
+    return under + 2 * (sim - choice);
+  };
+  const PlanResult r = plan(graph, options);
+  CHECK(r.stats.budget_met);
+  CHECK(r.stats.measured_peak_after == target - MiB);  // the nearest plan under the target
+  CHECK(r.stats.recompute_seconds < simulated.stats.recompute_seconds);
+  CHECK(r.stats.oracle_calls == seen.size());
+  CHECK(r.stats.oracle_calls <= 2 + kOracleSearchProbes);  // the simulated choice, the search, stock
+  bool said = false;  // 1 MiB is more than 1% of the target: the plan says which step it found over
+  for (const auto& d : r.diagnostics)
+    said = said || d.message.find("the nearest plan the search measured over it holds 17") != std::string::npos;
+  CHECK(said);
+}
+
 TEST_CASE("peak oracle: a budget plan measured well under its target is raised to less recompute that still fits",
           "[plan][oracle][budget]") {
   const auto builder = activation_heavy(4);

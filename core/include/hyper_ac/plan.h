@@ -94,8 +94,10 @@ inline constexpr double kBudgetMeasuredSlack = 0.01;
 // land within the slack where one for one did not (Inductor fuses away part
 // of each simulated byte).
 inline constexpr std::size_t kOracleSearchProbes = 3;
-// Measured bytes per simulated byte the search assumes between two plans at
-// most and at least, whatever the two measured (a plan changes in steps).
+// Measured bytes per simulated byte the search assumes at most and at least
+// when it moves past the plans it measured, whatever two of them measured (a
+// plan changes in steps). Between a plan that fits and one over, the secant
+// takes their own slope.
 inline constexpr double kMeasuredSlopeBounds[2] = {0.25, 1.5};
 // When no plan the search tried fits: the most frontier points measured past
 // the simulated choice (a bisection over the frontier, least recompute first),
