@@ -115,19 +115,24 @@ void search_measured_target(const Graph& graph, const detail::NodeIndex& index, 
   // against kOracleSearchProbes, and the tries are bounded apart.
   std::size_t new_measurements = 0;
   bool repeated = false;  // the last try's plan was measured before
+  // Regula falsi, Illinois style: each time the same side of the bracket moves again, the
+  // other side's distance from the aim counts half as much, so a bracket whose measured peak
+  // bends (a step up just past the floor) is not closed in on from one side only.
+  double fits_weight = 1.0, over_weight = 1.0;
+  int moved = 0;  // the side the last try moved: +1 over, -1 fits, 0 none yet
   for (std::size_t tries = 0; new_measurements < kOracleSearchProbes && tries < kSearchTries; ++tries) {
     if (fits && static_cast<double>(target - fits->measured) <= slack) return;
     double proposal;
     if (fits && over) {
       if (over->simulated - fits->simulated <= 1) return;
-      // Between a plan that fits and one over: the secant of the two (their own slope: the aim
-      // lies between their measured figures, so the secant lies between them), or, after a try
-      // that found a plan measured before (the plans step, and the secant keeps landing on the
-      // same one), the middle of the two targets.
-      const double slope = static_cast<double>(over->measured - fits->measured) /
-                           static_cast<double>(over->simulated - fits->simulated);
-      proposal = repeated ? static_cast<double>(fits->simulated) + static_cast<double>(over->simulated - fits->simulated) / 2
-                          : static_cast<double>(fits->simulated) + (aim - static_cast<double>(fits->measured)) / slope;
+      // Between a plan that fits and one over: the secant of the two, weighted as above (their
+      // own slope: the aim lies between their measured figures, so the secant lies between
+      // them), or, after a try that found a plan measured before (the plans step, and the
+      // secant keeps landing on the same one), the middle of the two targets.
+      const double below = fits_weight * (aim - static_cast<double>(fits->measured));
+      const double above = over_weight * (static_cast<double>(over->measured) - aim);
+      const double width = static_cast<double>(over->simulated - fits->simulated);
+      proposal = static_cast<double>(fits->simulated) + (repeated ? width / 2 : width * below / (below + above));
       proposal = std::clamp(proposal, static_cast<double>(fits->simulated + 1), static_cast<double>(over->simulated - 1));
     } else {
       proposal = static_cast<double>(last->simulated) + (aim - static_cast<double>(last->measured)) / measured_slope(before, last);
@@ -149,10 +154,20 @@ void search_measured_target(const Graph& graph, const detail::NodeIndex& index, 
       // bounded descent can leave it under, and then at its target.
       const std::int64_t own = scored_bytes(*candidate, result.scope);
       if (own < simulated && (!fits || own > fits->simulated)) last->simulated = own;
-      if (!over || last->simulated < over->simulated) over = last;
+      if (!over || last->simulated < over->simulated) {
+        over = last;
+        over_weight = 1.0;
+        if (moved > 0) fits_weight /= 2;
+        moved = 1;
+      }
       continue;
     }
-    if (!fits || last->simulated > fits->simulated) fits = last;
+    if (!fits || last->simulated > fits->simulated) {
+      fits = last;
+      fits_weight = 1.0;
+      if (moved < 0) over_weight /= 2;
+      moved = -1;
+    }
     // Less recompute, or as little nearer the target (the memory is the user's to spend).
     if (!state.kept || candidate->recompute_seconds < state.kept->recompute_seconds ||
         (candidate->recompute_seconds <= state.kept->recompute_seconds && bytes > state.kept_bytes)) {
