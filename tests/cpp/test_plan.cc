@@ -88,6 +88,21 @@ PlanOptions budget_options(double fraction) {
   return options;
 }
 
+// activation_heavy(units) planned on the simulation alone at a budget fraction, and that budget
+// as a measured peak would be checked against it (less what exists before the step).
+struct SimulatedBudget {
+  Graph graph;
+  PlanResult simulated;
+  std::int64_t measured_target = 0;
+};
+
+SimulatedBudget simulated_budget(int units, double fraction) {
+  SimulatedBudget out{activation_heavy(units).graph(), {}, 0};
+  out.simulated = plan(out.graph, budget_options(fraction));
+  out.measured_target = out.simulated.stats.budget_bytes - bytes_before_step(out.graph);
+  return out;
+}
+
 }  // namespace
 
 // Budget mode walks the frontier, then descends from the first fitting point
@@ -1032,15 +1047,15 @@ TEST_CASE("peak oracle: a budget plan measured just over its target is moved bac
 
 // GPT-2 at 0.45 x stock's peak on the realistic tier: near its floor a simulated byte measured
 // about three (Inductor's peak moved with the plan). The search bracketed the target, then its
-// secant, its slope bounded to 1.5, kept asking for the plan over it, measured nothing new and
-// kept the simulated choice, 15% under.
+// secant, its slope bounded to 1.5, kept asking for the plan over it and measured nothing new
+// after its second try.
 TEST_CASE("peak oracle: a budget whose measured peak moves faster than the simulation closes in from both sides",
           "[plan][oracle][budget]") {
-  const auto builder = activation_heavy(6);
-  const Graph graph = builder.graph();
-  const PlanResult simulated = plan(graph, budget_options(0.8));
+  const SimulatedBudget setup = simulated_budget(6, 0.8);
+  const Graph& graph = setup.graph;
+  const PlanResult& simulated = setup.simulated;
   REQUIRE(simulated.stats.budget_met);
-  const std::int64_t target = simulated.stats.budget_bytes - bytes_before_step(graph);
+  const std::int64_t target = setup.measured_target;
   // Every simulated byte measures two, and the simulated choice measures 5 MiB under the target.
   // Plans here change in 1 MiB steps: those measuring 3 MiB and 1 MiB under fit, the next is 1 MiB over.
   constexpr std::int64_t MiB = 1 << 20;
@@ -1068,12 +1083,12 @@ TEST_CASE("peak oracle: a budget whose measured peak moves faster than the simul
 
 TEST_CASE("peak oracle: a budget plan measured well under its target is raised to less recompute that still fits",
           "[plan][oracle][budget]") {
-  const auto builder = activation_heavy(4);
-  const Graph graph = builder.graph();
-  const PlanResult simulated = plan(graph, budget_options(0.8));
+  const SimulatedBudget setup = simulated_budget(4, 0.8);
+  const Graph& graph = setup.graph;
+  const PlanResult& simulated = setup.simulated;
   REQUIRE(simulated.stats.budget_met);
   REQUIRE(simulated.stats.recompute_seconds > 0);
-  const std::int64_t target = simulated.stats.budget_bytes - bytes_before_step(graph);
+  const std::int64_t target = setup.measured_target;
   // The compiler holds a fixed amount less than simulated (what it fuses away; the two move
   // alike, which is what the raise assumes): the simulated choice measures far under the target.
   const std::int64_t fused_away = simulated.stats.simulated_activation_peak_after / 4;
