@@ -1051,11 +1051,8 @@ TEST_CASE("peak oracle: a budget plan measured just over its target is moved bac
 // after its second try.
 TEST_CASE("peak oracle: a budget whose measured peak moves faster than the simulation closes in from both sides",
           "[plan][oracle][budget]") {
-  const SimulatedBudget setup = simulated_budget(6, 0.8);
-  const Graph& graph = setup.graph;
-  const PlanResult& simulated = setup.simulated;
+  const auto [graph, simulated, target] = simulated_budget(6, 0.8);
   REQUIRE(simulated.stats.budget_met);
-  const std::int64_t target = setup.measured_target;
   // Every simulated byte measures two, and the simulated choice measures 5 MiB under the target.
   // Plans here change in 1 MiB steps: those measuring 3 MiB and 1 MiB under fit, the next is 1 MiB over.
   constexpr std::int64_t MiB = 1 << 20;
@@ -1083,12 +1080,9 @@ TEST_CASE("peak oracle: a budget whose measured peak moves faster than the simul
 
 TEST_CASE("peak oracle: a budget plan measured well under its target is raised to less recompute that still fits",
           "[plan][oracle][budget]") {
-  const SimulatedBudget setup = simulated_budget(4, 0.8);
-  const Graph& graph = setup.graph;
-  const PlanResult& simulated = setup.simulated;
+  const auto [graph, simulated, target] = simulated_budget(4, 0.8);
   REQUIRE(simulated.stats.budget_met);
   REQUIRE(simulated.stats.recompute_seconds > 0);
-  const std::int64_t target = setup.measured_target;
   // The compiler holds a fixed amount less than simulated (what it fuses away; the two move
   // alike, which is what the raise assumes): the simulated choice measures far under the target.
   const std::int64_t fused_away = simulated.stats.simulated_activation_peak_after / 4;
