@@ -302,7 +302,7 @@ void continue_budget_on_measured(const Graph& graph, const detail::NodeIndex& in
   const bool met_before = result.stats.budget_met;
   const double first_seconds = chosen.recompute_seconds;
   // The choice as a tried plan: the simulated target it was chosen for, or, missed on the
-  // simulation, its own figure (the least reachable).
+  // simulation (its own figure is the least reachable) or measured over, its own figure.
   const Tried first{met_before && first_bytes <= target ? search.target : scored_bytes(chosen, result.scope),
                     first_bytes};
   MeasuredSearch state;
