@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "hyper_ac/alias.h"
 #include "hyper_ac/cost.h"
 #include "hyper_ac/mincut.h"
 #include "hyper_ac/saturate.h"
@@ -30,6 +31,33 @@ using json = nlohmann::json;
 
 namespace planning {
 
+std::vector<char> fused_duplicates(const Graph& graph, const CostOptions& cost) {
+  if (cost.compiler != Compiler::Inductor) return {};
+  // Inlined into its reader's kernel: a fusible op every reader of which is a
+  // fusible op too (forward replays and backward pointwise alike; Inductor
+  // fuses a replay into the backward kernel that consumes it). A view or
+  // getitem reader, an extern kernel (matmul, attention) or the output needs
+  // the buffer.
+  auto inlinable = [&](const Node& node) {
+    return node.fusible && node.kind == NodeKind::CallFunction && !node.rng && !node.symint && !is_view_like(node) &&
+           !is_getitem(node);
+  };
+  std::vector<char> fused(graph.nodes.size(), 0);
+  for (std::size_t i = 0; i < fused.size(); ++i) {
+    const Node& node = graph.nodes[i];
+    if (!node.is_forward() || !inlinable(node) || graph.users[i].empty()) continue;
+    fused[i] = std::all_of(graph.users[i].begin(), graph.users[i].end(),
+                           [&](std::int32_t user) { return inlinable(graph.nodes[static_cast<std::size_t>(user)]); });
+  }
+  return fused;
+}
+
+SimulateOptions simulate_options(const std::vector<char>& fused) {
+  SimulateOptions options;
+  if (!fused.empty()) options.fused_duplicates = &fused;
+  return options;
+}
+
 Evaluation evaluate_indexed(const Graph& graph, const detail::NodeIndex& index, const std::vector<Policy>& policies,
                             const CostOptions& cost, const RematOptions& remat, PlanTimings* timings,
                             SecondsCache* seconds) {
@@ -42,8 +70,11 @@ Evaluation evaluate_indexed(const Graph& graph, const detail::NodeIndex& index, 
   SimulateResult simulated;
   {
     ScopedTimer timer(evaluation.simulate_seconds);
-    simulated = remat.validate ? detail::simulate_memory(graph, index, validated, {})
-                               : detail::simulate_memory(graph, index, &evaluation.remat, {});
+    const std::vector<char> fused =
+        evaluation.remat.duplicates.empty() ? std::vector<char>{} : fused_duplicates(graph, cost);
+    const SimulateOptions options = simulate_options(fused);
+    simulated = remat.validate ? detail::simulate_memory(graph, index, validated, options)
+                               : detail::simulate_memory(graph, index, &evaluation.remat, options);
   }
   if (timings != nullptr) {
     timings->remat_seconds += evaluation.remat_seconds;
@@ -87,8 +118,13 @@ namespace {
 using namespace planning;  // plan()'s helpers and searches (plan_search.h)
 
 // PlanOptions::record_timeline: simulate both schedules once more, keeping every step.
-void record_timeline(const Graph& graph, PlanResult& result) {
-  SimulateOptions options;
+// The rewritten schedule's allocations as plan() scored them (fused replays
+// under the config's compiler).
+void record_timeline(const Graph& graph, const PlanOptions& plan_options, PlanResult& result) {
+  CostOptions cost;
+  cost.compiler = plan_options.config.mincut.compiler;
+  const std::vector<char> fused = fused_duplicates(graph, cost);
+  SimulateOptions options = simulate_options(fused);
   options.record_timeline = true;
   const SimulateResult before = simulate_memory(graph, nullptr, options);
   const SimulateResult after = simulate_memory(graph, &result.remat, options);
@@ -245,7 +281,7 @@ void leave_unchanged(const Graph& graph, const PlanOptions& options, Diagnostic 
   result.remat = plan_remat(graph, result.policies);
   result.diagnostics.push_back(std::move(why));
   result.route = decide_route(result);
-  if (options.record_timeline) record_timeline(graph, result);
+  if (options.record_timeline) record_timeline(graph, options, result);
 }
 
 void run_plan(const Graph& graph, const PlanOptions& options, PlanResult& result) {
@@ -392,7 +428,7 @@ void run_plan(const Graph& graph, const PlanOptions& options, PlanResult& result
              " after): the step's peak is not set by the activations it recomputes, so the recompute is pure "
              "cost here; mode auto keeps the lower of its plan and the stock partition"});
   result.route = decide_route(result);
-  if (options.record_timeline) record_timeline(graph, result);
+  if (options.record_timeline) record_timeline(graph, options, result);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "hyper_ac/cost.h"
 #include "hyper_ac/plan.h"
 #include "hyper_ac/remat.h"
 #include "hyper_ac/simulate.h"
@@ -47,6 +48,15 @@ inline RematOptions unit_schedule(const Scope& scope) {
   options.node_unit = scope.node_unit;
   return options;
 }
+
+// SimulateOptions::fused_duplicates under `cost`'s compiler: per node, whether
+// Inductor fuses a replay of it into its readers' kernel (a fusion-group
+// member none of whose users leaves the group); empty under eager. The
+// simulated peak of a plan counts what the compiler will allocate.
+std::vector<char> fused_duplicates(const Graph& graph, const CostOptions& cost);
+// Simulation options with `fused` (empty: none) as fused_duplicates; `fused`
+// must outlive them.
+SimulateOptions simulate_options(const std::vector<char>& fused);
 
 // evaluate() over a prebuilt node index: plan() builds it once for every
 // evaluation (each frontier point) and the memory estimate before them.

@@ -459,6 +459,51 @@ TEST_CASE("auto and budget name the custom ops whose recompute cost lacks FLOPs"
   }
 }
 
+// Under compiler: inductor a plan's simulated peak counts what Inductor
+// allocates: a replayed pointwise op whose readers are all pointwise (the
+// next replayed op, the backward's own pointwise gradient) runs inside their
+// kernel and has no buffer. The same plan under eager pays for every copy.
+TEST_CASE("under inductor a replayed pointwise op read only by pointwise ops holds no buffer", "[plan][simulate]") {
+  const json fusible = {{"fusible", true}};
+  GraphBuilder b;
+  b.placeholder("x", "input").placeholder("w", "parameter");
+  b.sized("mm", "aten::mm.default", {"x", "w"}, "", 4000)
+      .add("scaled", {"aten::mul.Tensor", {"mm"}, "forward", 4000, "", "Block", 0, "call_function", "", fusible})
+      .add("act", {"aten::tanh.default", {"scaled"}, "forward", 4000, "", "Block", 0, "call_function", "", fusible})
+      .add("loss", {"aten::sum.default", {"act"}, "forward", 4, "", "Block", 0, "call_function", "", fusible});
+  b.placeholder("tangent", "tangent", 4, "backward");
+  b.add("g_act", {"aten::mul.Tensor", {"tangent", "act"}, "backward", 4000, "", "Block", 0, "call_function", "", fusible})
+      .add("g_scaled", {"aten::mul.Tensor", {"g_act", "scaled"}, "backward", 4000, "", "Block", 0, "call_function", "",
+                        fusible})
+      .bwd("g_w", "aten::mm.default", {"x", "g_scaled"})
+      .output({"loss", "g_w"});
+  const Graph graph = b.graph();
+  auto planned = [&](const char* compiler) {
+    PlanOptions options = parse_plan_options(
+        std::string(R"({"ac_mode": "full", "ac_scope": "whole_graph", "ac_compiler": ")") + compiler + R"("})", "");
+    options.record_timeline = true;
+    return plan(graph, options);
+  };
+  const PlanResult eager = planned("eager");
+  const PlanResult inductor = planned("inductor");
+  REQUIRE(names(graph, [&] {
+            std::vector<std::int32_t> of;
+            for (const auto& dup : inductor.remat.duplicates) of.push_back(dup.of);
+            return of;
+          }()) == std::vector<std::string>{"mm", "scaled", "act"});
+  // The same rewrite; under inductor neither scaled' nor act' is written (mm' is an extern kernel's output).
+  CHECK(eager.remat.duplicates.size() == inductor.remat.duplicates.size());
+  // Eager's peak is g_scaled's step: scaled' (4000), g_act and g_scaled, with loss (4). Under inductor
+  // scaled' has no buffer there, and the forward (scaled and act together) sets the same 8004.
+  CHECK(eager.stats.simulated_activation_peak_after == 12004);
+  CHECK(inductor.stats.simulated_activation_peak_after == 8004);
+  // The timeline the plan reports is the one it was scored on.
+  CHECK(*std::max_element(inductor.timeline.after.begin(), inductor.timeline.after.end()) ==
+        inductor.stats.simulated_activation_peak_after);
+  CHECK(*std::max_element(eager.timeline.after.begin(), eager.timeline.after.end()) ==
+        eager.stats.simulated_activation_peak_after);
+}
+
 // Never worse than stock (docs/mincut.md): with the stock partition's
 // recompute set, auto keeps its plan only when its simulated peak is strictly
 // lower; otherwise it rewrites nothing.

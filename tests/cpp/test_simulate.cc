@@ -187,6 +187,16 @@ Net chain_net() {
   return net;
 }
 
+// chain_net's plan that keeps a and the loss and replays b and c for the backward.
+RematPlan replay_b_and_c(const Net& net, const Graph& g) {
+  std::vector<Policy> policies(g.nodes.size(), Policy::None);
+  policies[static_cast<std::size_t>(net.at("a"))] = Policy::MustSave;
+  policies[static_cast<std::size_t>(net.at("b"))] = Policy::PreferRecompute;
+  policies[static_cast<std::size_t>(net.at("c"))] = Policy::PreferRecompute;
+  policies[static_cast<std::size_t>(net.at("loss"))] = Policy::PreferSave;
+  return plan_remat(g, policies);
+}
+
 }  // namespace
 
 TEST_CASE("a remat plan lowers the bytes held across the boundary", "[simulate]") {
@@ -197,12 +207,7 @@ TEST_CASE("a remat plan lowers the bytes held across the boundary", "[simulate]"
   CHECK(before.boundary_bytes == 3004);
   CHECK(before.peak_bytes == 3020);
 
-  std::vector<Policy> policies(g.nodes.size(), Policy::None);
-  policies[static_cast<std::size_t>(net.at("a"))] = Policy::MustSave;
-  policies[static_cast<std::size_t>(net.at("b"))] = Policy::PreferRecompute;
-  policies[static_cast<std::size_t>(net.at("c"))] = Policy::PreferRecompute;
-  policies[static_cast<std::size_t>(net.at("loss"))] = Policy::PreferSave;
-  RematPlan plan = plan_remat(g, policies);
+  RematPlan plan = replay_b_and_c(net, g);
   REQUIRE(plan.duplicates.size() == 2);
   SimulateResult after = simulate_memory(g, &plan, timeline());
   // x a b c loss t b' c' g1 g2 g3 output
@@ -224,6 +229,29 @@ TEST_CASE("a remat plan lowers the bytes held across the boundary", "[simulate]"
     CHECK(quiet.timeline.empty());
     CHECK(quiet.peak_bytes == after.peak_bytes);
   }
+}
+
+// A replay the compiler fuses into its readers' kernel is never written to
+// memory: only the copies whose buffers exist are counted.
+TEST_CASE("fused duplicates allocate nothing; their forward originals still do", "[simulate]") {
+  Net net = chain_net();
+  Graph g = net.graph();
+  RematPlan plan = replay_b_and_c(net, g);
+  REQUIRE(plan.duplicates.size() == 2);
+  std::vector<char> fused(g.nodes.size(), 0);
+  fused[static_cast<std::size_t>(net.at("b"))] = 1;
+  SimulateOptions options = timeline();
+  options.fused_duplicates = &fused;
+  SimulateResult after = simulate_memory(g, &plan, options);
+  // x a b c loss t b' c' g1 g2 g3 output: b' holds nothing, b (forward) its 1000.
+  CHECK(after.timeline == Bytes{0, 1000, 2000, 3000, 2004, 1004, 1004, 2004, 2020, 1036, 1036, 20});
+  CHECK(after.peak_bytes == 3000);
+  CHECK(simulate_memory(g, nullptr, options).timeline == simulate_memory(g, nullptr, timeline()).timeline);
+
+  std::vector<char> short_list(g.nodes.size() - 1, 0);
+  options.fused_duplicates = &short_list;
+  CHECK_THROWS_WITH(simulate_memory(g, &plan, options),
+                    Catch::Contains("fused_duplicates has " + std::to_string(g.nodes.size() - 1) + " entries"));
 }
 
 // Issue 38: eager autograd frees a saved input only when the autograd node
