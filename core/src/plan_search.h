@@ -50,8 +50,8 @@ inline RematOptions unit_schedule(const Scope& scope) {
 }
 
 // SimulateOptions::fused_duplicates under `cost`'s compiler: per node, whether
-// Inductor fuses a replay of it into its readers' kernel (a fusion-group
-// member none of whose users leaves the group); empty under eager. The
+// Inductor fuses a replay of it into its readers' kernels (a fusible op all of
+// whose readers are fusible ops, not views or getitems); empty under eager. The
 // simulated peak of a plan counts what the compiler will allocate.
 std::vector<char> fused_duplicates(const Graph& graph, const CostOptions& cost);
 // Simulation options with `fused` (empty: none) as fused_duplicates; `fused`

@@ -23,9 +23,9 @@ struct SimulateOptions {
   // uncheckpointed step; compiled code frees per op (the default).
   bool autograd_lifetimes = false;
   // Per graph node, or nullptr: where set, a recomputed copy of the node
-  // allocates nothing, as the compiler fuses it into the kernel of the copies
-  // that read it (under Inductor: a fusion-group member none of whose users
-  // leaves its group, FusionGroups::materialized). Its forward original still
+  // allocates nothing, as the compiler fuses it into the kernels that read it
+  // (under Inductor: a fusible op every reader of which is a fusible op too,
+  // replayed or backward; plan() fills it). Its forward original still
   // allocates: whether the forward writes it depends on what the plan saves.
   const std::vector<char>* fused_duplicates = nullptr;
 };
