@@ -33,7 +33,7 @@ NodeIndex::NodeIndex(const Graph& graph) {
     const Node& node = graph.nodes[i];
     multi_output[i] = node.outputs.size() > 1;
     inputs.insert(inputs.end(), node.inputs.begin(), node.inputs.end());
-    std::uint16_t f = 0;
+    std::uint32_t f = 0;
     if (node.is_forward()) f |= kForward;
     if (node.kind == NodeKind::CallFunction) f |= kCallFunction;
     if (node.kind == NodeKind::Output) f |= kOutput;
@@ -76,6 +76,20 @@ NodeIndex::NodeIndex(const Graph& graph) {
     const auto producer = static_cast<std::size_t>(inputs[static_cast<std::size_t>(input_start[i])]);
     if (multi_output[producer] && alias_first[producer] < 0) flags[i] |= kProjects;
   }
+  // kFusedReplay: an inlinable op with readers, none of which is anything else
+  // (an extern kernel such as a matmul, a view or getitem, the output).
+  std::vector<char> inlinable(n, 0), other_reader(n, 0), read(n, 0);
+  for (std::size_t i = 0; i < n; ++i)
+    inlinable[i] = graph.nodes[i].fusible && (flags[i] & kCallFunction) && !(flags[i] & (kRng | kSymint | kView | kGetitem));
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::int32_t k = input_start[i]; k < input_start[i + 1]; ++k) {
+      const std::int32_t input = inputs[static_cast<std::size_t>(k)];
+      if (input < 0 || static_cast<std::size_t>(input) >= n) continue;  // reported by the stages
+      read[static_cast<std::size_t>(input)] = 1;
+      if (!inlinable[i]) other_reader[static_cast<std::size_t>(input)] = 1;
+    }
+  for (std::size_t i = 0; i < n; ++i)
+    if ((flags[i] & kForward) && inlinable[i] && read[i] && !other_reader[i]) flags[i] |= kFusedReplay;
 }
 
 }  // namespace detail

@@ -17,7 +17,7 @@ namespace detail {
 struct NodeIndex {
   explicit NodeIndex(const Graph& graph);
 
-  enum Flag : std::uint16_t {
+  enum Flag : std::uint32_t {
     kForward = 1,         // Node::is_forward()
     kCallFunction = 2,    // NodeKind::CallFunction
     kOutput = 4,          // NodeKind::Output
@@ -33,7 +33,12 @@ struct NodeIndex {
     kView = 4096,          // Node::view
     kNoOutputs = 8192,     // Node::outputs empty
     kBackwardOutput = 16384, // Node::backward_output
-    kOpaque = 32768        // Node::opaque
+    kOpaque = 32768,       // Node::opaque
+    // A forward call_function that is fusible (Node::fusible), not random,
+    // symint, a view or a getitem, and read only by such ops (forward or
+    // backward): a fusing compiler inlines a replay of it into its readers'
+    // kernels, so the replay holds no buffer (SimulateOptions::fused_replays).
+    kFusedReplay = 65536
   };
 
   std::size_t size() const { return flags.size(); }
@@ -42,7 +47,7 @@ struct NodeIndex {
   // A backward node other than the output (remat.cc: backward_consumer).
   bool backward_consumer(std::size_t i) const { return !has(i, kForward) && !has(i, kOutput); }
 
-  std::vector<std::uint16_t> flags;
+  std::vector<std::uint32_t> flags;
   std::vector<std::int32_t> input_start;  // per node + 1: offsets into `inputs`
   std::vector<std::int32_t> inputs;       // Node::inputs, concatenated
   std::vector<std::int64_t> output_bytes; // Node::output_bytes()

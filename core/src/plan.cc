@@ -12,7 +12,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "hyper_ac/alias.h"
 #include "hyper_ac/cost.h"
 #include "hyper_ac/mincut.h"
 #include "hyper_ac/saturate.h"
@@ -31,30 +30,9 @@ using json = nlohmann::json;
 
 namespace planning {
 
-std::vector<char> fused_duplicates(const Graph& graph, const CostOptions& cost) {
-  if (cost.compiler != Compiler::Inductor) return {};
-  // Inlined into its reader's kernel: a fusible op every reader of which is a
-  // fusible op too (forward replays and backward pointwise alike; Inductor
-  // fuses a replay into the backward kernel that consumes it). A view or
-  // getitem reader, an extern kernel (matmul, attention) or the output needs
-  // the buffer.
-  auto inlinable = [&](const Node& node) {
-    return node.fusible && node.kind == NodeKind::CallFunction && !node.rng && !node.symint && !is_view_like(node) &&
-           !is_getitem(node);
-  };
-  std::vector<char> fused(graph.nodes.size(), 0);
-  for (std::size_t i = 0; i < fused.size(); ++i) {
-    const Node& node = graph.nodes[i];
-    if (!node.is_forward() || !inlinable(node) || graph.users[i].empty()) continue;
-    fused[i] = std::all_of(graph.users[i].begin(), graph.users[i].end(),
-                           [&](std::int32_t user) { return inlinable(graph.nodes[static_cast<std::size_t>(user)]); });
-  }
-  return fused;
-}
-
-SimulateOptions simulate_options(const std::vector<char>& fused) {
+SimulateOptions simulate_options(Compiler compiler) {
   SimulateOptions options;
-  if (!fused.empty()) options.fused_duplicates = &fused;
+  options.fused_replays = compiler == Compiler::Inductor;
   return options;
 }
 
@@ -70,9 +48,7 @@ Evaluation evaluate_indexed(const Graph& graph, const detail::NodeIndex& index, 
   SimulateResult simulated;
   {
     ScopedTimer timer(evaluation.simulate_seconds);
-    const std::vector<char> fused =
-        evaluation.remat.duplicates.empty() ? std::vector<char>{} : fused_duplicates(graph, cost);
-    const SimulateOptions options = simulate_options(fused);
+    const SimulateOptions options = simulate_options(cost.compiler);
     simulated = remat.validate ? detail::simulate_memory(graph, index, validated, options)
                                : detail::simulate_memory(graph, index, &evaluation.remat, options);
   }
@@ -121,10 +97,7 @@ using namespace planning;  // plan()'s helpers and searches (plan_search.h)
 // The rewritten schedule's allocations as plan() scored them (fused replays
 // under the config's compiler).
 void record_timeline(const Graph& graph, const PlanOptions& plan_options, PlanResult& result) {
-  CostOptions cost;
-  cost.compiler = plan_options.config.mincut.compiler;
-  const std::vector<char> fused = fused_duplicates(graph, cost);
-  SimulateOptions options = simulate_options(fused);
+  SimulateOptions options = simulate_options(plan_options.config.mincut.compiler);
   options.record_timeline = true;
   const SimulateResult before = simulate_memory(graph, nullptr, options);
   const SimulateResult after = simulate_memory(graph, &result.remat, options);

@@ -49,14 +49,10 @@ inline RematOptions unit_schedule(const Scope& scope) {
   return options;
 }
 
-// SimulateOptions::fused_duplicates under `cost`'s compiler: per node, whether
-// Inductor fuses a replay of it into its readers' kernels (a fusible op all of
-// whose readers are fusible ops, not views or getitems); empty under eager. The
-// simulated peak of a plan counts what the compiler will allocate.
-std::vector<char> fused_duplicates(const Graph& graph, const CostOptions& cost);
-// Simulation options with `fused` (empty: none) as fused_duplicates; `fused`
-// must outlive them.
-SimulateOptions simulate_options(const std::vector<char>& fused);
+// The simulation under `compiler`: replays Inductor fuses into their
+// readers' kernels hold no buffer (SimulateOptions::fused_replays), so a
+// plan's simulated peak counts what the compiler will allocate.
+SimulateOptions simulate_options(Compiler compiler);
 
 // evaluate() over a prebuilt node index: plan() builds it once for every
 // evaluation (each frontier point) and the memory estimate before them.

@@ -123,10 +123,6 @@ void check_step(const Graph& graph, const detail::NodeIndex& index, const Steps&
 // Pass 1: check the schedule, build the alias union-find, allocations.
 void scan_steps(const Graph& graph, const detail::NodeIndex& index, const Steps& schedule, StepStorage& out,
                 const SimulateOptions& options, SimulateStats& stats) {
-  const std::vector<char>* fused = options.fused_duplicates;
-  if (fused != nullptr && fused->size() != graph.nodes.size())
-    throw std::invalid_argument("simulate_memory: fused_duplicates has " + std::to_string(fused->size()) +
-                                " entries for a graph of " + std::to_string(graph.nodes.size()) + " nodes");
   using Flag = detail::NodeIndex::Flag;
   for (std::size_t s = 0; s < schedule.size(); ++s) {
     check_step(graph, index, schedule, s);
@@ -156,7 +152,8 @@ void scan_steps(const Graph& graph, const detail::NodeIndex& index, const Steps&
     }
     const std::int32_t first = index.alias_first[i];
     if (first < 0) {
-      out.allocation[s] = duplicate && fused != nullptr && (*fused)[i] ? 0 : index.output_bytes[i];
+      const bool fused = duplicate && options.fused_replays && index.has(i, Flag::kFusedReplay);
+      out.allocation[s] = fused ? 0 : index.output_bytes[i];
       continue;
     }
     ++stats.aliasing_steps;

@@ -233,25 +233,33 @@ TEST_CASE("a remat plan lowers the bytes held across the boundary", "[simulate]"
 
 // A replay the compiler fuses into its readers' kernel is never written to
 // memory: only the copies whose buffers exist are counted.
-TEST_CASE("fused duplicates allocate nothing; their forward originals still do", "[simulate]") {
+TEST_CASE("fused replays allocate nothing; their forward originals still do", "[simulate]") {
   Net net = chain_net();
   Graph g = net.graph();
+  // b is read by c and g2, all fusible: b's replay is inlined. c is read by
+  // the loss and g1, which are not: c's replay keeps its buffer.
+  for (const char* name : {"b", "c", "g2"}) g.nodes[static_cast<std::size_t>(net.at(name))].fusible = true;
   RematPlan plan = replay_b_and_c(net, g);
   REQUIRE(plan.duplicates.size() == 2);
-  std::vector<char> fused(g.nodes.size(), 0);
-  fused[static_cast<std::size_t>(net.at("b"))] = 1;
   SimulateOptions options = timeline();
-  options.fused_duplicates = &fused;
+  options.fused_replays = true;
   SimulateResult after = simulate_memory(g, &plan, options);
   // x a b c loss t b' c' g1 g2 g3 output: b' holds nothing, b (forward) its 1000.
   CHECK(after.timeline == Bytes{0, 1000, 2000, 3000, 2004, 1004, 1004, 2004, 2020, 1036, 1036, 20});
   CHECK(after.peak_bytes == 3000);
   CHECK(simulate_memory(g, nullptr, options).timeline == simulate_memory(g, nullptr, timeline()).timeline);
+  // Off (eager, the default), b' allocates as before.
+  CHECK(simulate_memory(g, &plan, timeline()).timeline ==
+        Bytes{0, 1000, 2000, 3000, 2004, 1004, 2004, 3004, 3020, 2036, 1036, 20});
 
-  std::vector<char> short_list(g.nodes.size() - 1, 0);
-  options.fused_duplicates = &short_list;
-  CHECK_THROWS_WITH(simulate_memory(g, &plan, options),
-                    Catch::Contains("fused_duplicates has " + std::to_string(g.nodes.size() - 1) + " entries"));
+  SECTION("a reader that is not fusible keeps the replay's buffer") {
+    g.nodes[static_cast<std::size_t>(net.at("g2"))].fusible = false;
+    CHECK(simulate_memory(g, &plan, options).timeline == simulate_memory(g, &plan, timeline()).timeline);
+  }
+  SECTION("a random op's replay keeps its buffer") {
+    g.nodes[static_cast<std::size_t>(net.at("b"))].rng = true;
+    CHECK(simulate_memory(g, &plan, options).timeline == simulate_memory(g, &plan, timeline()).timeline);
+  }
 }
 
 // Issue 38: eager autograd frees a saved input only when the autograd node

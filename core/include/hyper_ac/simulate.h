@@ -22,12 +22,13 @@ struct SimulateOptions {
   // and incoming gradients when the node returns. Models the uncompiled,
   // uncheckpointed step; compiled code frees per op (the default).
   bool autograd_lifetimes = false;
-  // Per graph node, or nullptr: where set, a recomputed copy of the node
-  // allocates nothing, as the compiler fuses it into the kernels that read it
-  // (under Inductor: a fusible op every reader of which is a fusible op too,
-  // replayed or backward; plan() fills it). Its forward original still
-  // allocates: whether the forward writes it depends on what the plan saves.
-  const std::vector<char>* fused_duplicates = nullptr;
+  // Count what a fusing compiler (Inductor) allocates: a recomputed copy of a
+  // fusible op every reader of which is a fusible op too (replayed or
+  // backward; not a view, getitem, random or symint op) allocates nothing, as
+  // the compiler inlines it into its readers' kernels. Its forward original
+  // still allocates: whether the forward writes it depends on what the plan
+  // saves. plan() sets it under `compiler: inductor`.
+  bool fused_replays = false;
 };
 
 struct SimulateStats {
