@@ -76,20 +76,12 @@ NodeIndex::NodeIndex(const Graph& graph) {
     const auto producer = static_cast<std::size_t>(inputs[static_cast<std::size_t>(input_start[i])]);
     if (multi_output[producer] && alias_first[producer] < 0) flags[i] |= kProjects;
   }
-  // kFusedReplay: an inlinable op with readers, none of which is anything else
-  // (an extern kernel such as a matmul, a view or getitem, the output).
-  std::vector<char> inlinable(n, 0), other_reader(n, 0), read(n, 0);
-  for (std::size_t i = 0; i < n; ++i)
-    inlinable[i] = graph.nodes[i].fusible && (flags[i] & kCallFunction) && !(flags[i] & (kRng | kSymint | kView | kGetitem));
-  for (std::size_t i = 0; i < n; ++i)
-    for (std::int32_t k = input_start[i]; k < input_start[i + 1]; ++k) {
-      const std::int32_t input = inputs[static_cast<std::size_t>(k)];
-      if (input < 0 || static_cast<std::size_t>(input) >= n) continue;  // reported by the stages
-      read[static_cast<std::size_t>(input)] = 1;
-      if (!inlinable[i]) other_reader[static_cast<std::size_t>(input)] = 1;
-    }
-  for (std::size_t i = 0; i < n; ++i)
-    if ((flags[i] & kForward) && inlinable[i] && read[i] && !other_reader[i]) flags[i] |= kFusedReplay;
+  for (std::size_t i = 0; i < n; ++i) {
+    constexpr std::uint32_t kNotInlinable = kRng | kSymint | kView | kGetitem | kMutated | kMutatesInputs | kOpaque |
+                                            kNoOutputs | kMultiAlias;
+    if (graph.nodes[i].fusible && (flags[i] & kCallFunction) && !(flags[i] & kNotInlinable) && alias_first[i] < 0)
+      flags[i] |= kInlinable;
+  }
 }
 
 }  // namespace detail

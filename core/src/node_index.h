@@ -34,11 +34,10 @@ struct NodeIndex {
     kNoOutputs = 8192,     // Node::outputs empty
     kBackwardOutput = 16384, // Node::backward_output
     kOpaque = 32768,       // Node::opaque
-    // A forward call_function that is fusible (Node::fusible), not random,
-    // symint, a view or a getitem, and read only by such ops (forward or
-    // backward): a fusing compiler inlines a replay of it into its readers'
-    // kernels, so the replay holds no buffer (SimulateOptions::fused_replays).
-    kFusedReplay = 65536
+    // A call_function a fusing compiler (Inductor) can inline into the
+    // kernels that read it: Node::fusible, and not random, symint, a view, a
+    // getitem or an op that mutates or aliases (SimulateOptions::fuse_pointwise).
+    kInlinable = 65536
   };
 
   std::size_t size() const { return flags.size(); }

@@ -32,7 +32,7 @@ namespace planning {
 
 SimulateOptions simulate_options(Compiler compiler) {
   SimulateOptions options;
-  options.fused_replays = compiler == Compiler::Inductor;
+  options.fuse_pointwise = compiler == Compiler::Inductor;
   return options;
 }
 
@@ -301,8 +301,11 @@ void run_plan(const Graph& graph, const PlanOptions& options, PlanResult& result
   SimulateResult before;
   {
     ScopedTimer timer(result.timings.simulate_seconds);
-    before = detail::simulate_memory(graph, index, nullptr, {});
-    result.stats.simulated_activation_peak_autograd = before.peak_bytes;
+    // The step as the configured compiler allocates it; the autograd figure is the uncompiled step's.
+    before = detail::simulate_memory(graph, index, nullptr, simulate_options(config.mincut.compiler));
+    result.stats.simulated_activation_peak_autograd =
+        config.mincut.compiler == Compiler::Eager ? before.peak_bytes
+                                                  : detail::simulate_memory(graph, index, nullptr, {}).peak_bytes;
     const bool grouped = std::any_of(graph.nodes.begin(), graph.nodes.end(),
                                      [](const Node& node) { return node.autograd_node >= 0; });
     if (grouped) {

@@ -49,8 +49,8 @@ inline RematOptions unit_schedule(const Scope& scope) {
   return options;
 }
 
-// The simulation under `compiler`: replays Inductor fuses into their
-// readers' kernels hold no buffer (SimulateOptions::fused_replays), so a
+// The simulation under `compiler`: under Inductor, ops it inlines into their
+// readers' kernels hold no buffer (SimulateOptions::fuse_pointwise), so a
 // plan's simulated peak counts what the compiler will allocate.
 SimulateOptions simulate_options(Compiler compiler);
 

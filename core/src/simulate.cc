@@ -88,8 +88,10 @@ SimulateResult detail::simulate_memory(const Graph& graph, const NodeIndex& inde
 namespace {
 
 // Per step: the bytes it allocates, or (kTransfer) takes over from its
-// producer's storage; a step does one or the other, never both.
-enum StepKind : char { kPlain = 0, kResident = 1, kTransfer = 2 };
+// producer's storage; a step does one or the other, never both. kInlined: a
+// step the compiler inlines into its readers (SimulateOptions::fuse_pointwise);
+// it allocates nothing.
+enum StepKind : char { kPlain = 0, kResident = 1, kTransfer = 2, kInlined = 3 };
 
 // What the three passes share: the storage each step's value lives in and
 // what each step allocates.
@@ -118,6 +120,35 @@ void check_step(const Graph& graph, const detail::NodeIndex& index, const Steps&
       throw std::invalid_argument("simulate_memory: " + step_name(graph, schedule, s) + " reads '" +
                                   graph.nodes[static_cast<std::size_t>(graph.nodes[i].inputs[k])].name +
                                   "' before any step computes it");
+}
+
+// SimulateOptions::fuse_pointwise: a step of an inlinable node that is read,
+// and only by inlinable steps of its own graph (a forward original by forward
+// originals; a replay or backward step by replays and backward steps),
+// allocates nothing. A value a view, getitem, extern kernel or the output
+// reads, or one the other graph reads (a saved activation), keeps its buffer.
+void mark_inlined(const detail::NodeIndex& index, const Steps& schedule, StepStorage& out) {
+  using Flag = detail::NodeIndex::Flag;
+  const std::size_t steps = schedule.size();
+  auto forward_original = [&](std::size_t s) {
+    return index.forward(static_cast<std::size_t>(schedule.node_at(s))) && !schedule.duplicate_at(s);
+  };
+  std::vector<char> read(steps, 0), kept(steps, 0);
+  for (std::size_t s = 0; s < steps; ++s) {
+    const bool inlinable = index.has(static_cast<std::size_t>(schedule.node_at(s)), Flag::kInlinable);
+    const bool forward = forward_original(s);
+    for (auto k = schedule.start[s]; k < schedule.start[s + 1]; ++k) {
+      const auto producer = static_cast<std::size_t>(schedule.inputs[static_cast<std::size_t>(k)]);
+      read[producer] = 1;
+      if (!inlinable || forward_original(producer) != forward) kept[producer] = 1;
+    }
+  }
+  for (std::size_t s = 0; s < steps; ++s)
+    if (out.kind[s] == kPlain && read[s] && !kept[s] &&
+        index.has(static_cast<std::size_t>(schedule.node_at(s)), Flag::kInlinable)) {
+      out.kind[s] = kInlined;
+      out.allocation[s] = 0;
+    }
 }
 
 // Pass 1: check the schedule, build the alias union-find, allocations.
@@ -152,8 +183,7 @@ void scan_steps(const Graph& graph, const detail::NodeIndex& index, const Steps&
     }
     const std::int32_t first = index.alias_first[i];
     if (first < 0) {
-      const bool fused = duplicate && options.fused_replays && index.has(i, Flag::kFusedReplay);
-      out.allocation[s] = fused ? 0 : index.output_bytes[i];
+      out.allocation[s] = index.output_bytes[i];
       continue;
     }
     ++stats.aliasing_steps;
@@ -165,6 +195,7 @@ void scan_steps(const Graph& graph, const detail::NodeIndex& index, const Steps&
       out.storage.unite(static_cast<std::int32_t>(s), step_inputs[static_cast<std::size_t>(p)]);
     });
   }
+  if (options.fuse_pointwise) mark_inlined(index, schedule, out);
 }
 
 // Storages freed after each step, as intrusive lists (O(steps)).
@@ -221,6 +252,16 @@ FreeLists plan_frees(const Graph& graph, const detail::NodeIndex& index, const S
       // Read from outside its autograd node: held until the node returns.
       if (!is_output && options.autograd_lifetimes && producer < runs.first[s]) released = runs.last[s];
       last_use[r] = std::max(last_use[r], released);
+    }
+  }
+  // An inlined step runs inside its readers' kernels: what it reads lives until they have run
+  // (latest first, so a chain of inlined steps passes its readers' time down).
+  for (std::size_t s = steps; s-- > 0;) {
+    if (steps_storage.kind[s] != kInlined) continue;
+    const std::int32_t until = last_use[static_cast<std::size_t>(storage.find(static_cast<std::int32_t>(s)))];
+    for (auto k = schedule.start[s]; k < schedule.start[s + 1]; ++k) {
+      auto r = static_cast<std::size_t>(storage.find(schedule.inputs[static_cast<std::size_t>(k)]));
+      last_use[r] = std::max(last_use[r], until);
     }
   }
   FreeLists frees{std::vector<std::int32_t>(steps, kNone), std::vector<std::int32_t>(steps, kNone)};

@@ -231,35 +231,59 @@ TEST_CASE("a remat plan lowers the bytes held across the boundary", "[simulate]"
   }
 }
 
-// A replay the compiler fuses into its readers' kernel is never written to
-// memory: only the copies whose buffers exist are counted.
-TEST_CASE("fused replays allocate nothing; their forward originals still do", "[simulate]") {
+// Under a fusing compiler an op inlined into its readers' kernels is never
+// written to memory: only the values whose buffers exist are counted.
+TEST_CASE("inlined pointwise ops allocate nothing; saved values and replays read by extern ops still do",
+          "[simulate]") {
   Net net = chain_net();
   Graph g = net.graph();
-  // b is read by c and g2, all fusible: b's replay is inlined. c is read by
-  // the loss and g1, which are not: c's replay keeps its buffer.
   for (const char* name : {"b", "c", "g2"}) g.nodes[static_cast<std::size_t>(net.at(name))].fusible = true;
+  SimulateOptions options = timeline();
+  options.fuse_pointwise = true;
+  // Unplanned, b and c are saved (the backward reads them): nothing is inlined.
+  CHECK(simulate_memory(g, nullptr, options).timeline == simulate_memory(g, nullptr, timeline()).timeline);
+
   RematPlan plan = replay_b_and_c(net, g);
   REQUIRE(plan.duplicates.size() == 2);
-  SimulateOptions options = timeline();
-  options.fused_replays = true;
   SimulateResult after = simulate_memory(g, &plan, options);
-  // x a b c loss t b' c' g1 g2 g3 output: b' holds nothing, b (forward) its 1000.
-  CHECK(after.timeline == Bytes{0, 1000, 2000, 3000, 2004, 1004, 1004, 2004, 2020, 1036, 1036, 20});
-  CHECK(after.peak_bytes == 3000);
-  CHECK(simulate_memory(g, nullptr, options).timeline == simulate_memory(g, nullptr, timeline()).timeline);
-  // Off (eager, the default), b' allocates as before.
+  // x a b c loss t b' c' g1 g2 g3 output. b is read only by c in the forward
+  // and b' only by c' and g2, all fusible: neither holds a buffer. c is read
+  // by the loss and c' by g1, neither fusible: both keep theirs.
+  CHECK(after.timeline == Bytes{0, 1000, 1000, 2000, 2004, 1004, 1004, 2004, 2020, 1036, 1036, 20});
+  CHECK(after.peak_bytes == 2020);
+  // Off (eager, the default), every value allocates.
   CHECK(simulate_memory(g, &plan, timeline()).timeline ==
         Bytes{0, 1000, 2000, 3000, 2004, 1004, 2004, 3004, 3020, 2036, 1036, 20});
 
-  SECTION("a reader that is not fusible keeps the replay's buffer") {
-    g.nodes[static_cast<std::size_t>(net.at("g2"))].fusible = false;
+  SECTION("a reader that is not fusible keeps the buffer") {
+    g.nodes[static_cast<std::size_t>(net.at("c"))].fusible = false;  // b's forward reader
+    g.nodes[static_cast<std::size_t>(net.at("g2"))].fusible = false;  // one of b's backward readers
     CHECK(simulate_memory(g, &plan, options).timeline == simulate_memory(g, &plan, timeline()).timeline);
   }
-  SECTION("a random op's replay keeps its buffer") {
+  SECTION("a random op keeps its buffer") {
     g.nodes[static_cast<std::size_t>(net.at("b"))].rng = true;
-    CHECK(simulate_memory(g, &plan, options).timeline == simulate_memory(g, &plan, timeline()).timeline);
+    CHECK(simulate_memory(g, &plan, options).timeline ==
+          Bytes{0, 1000, 2000, 3000, 2004, 1004, 2004, 3004, 3020, 2036, 1036, 20});
   }
+}
+
+// The inlined op runs inside its reader's kernel, so what it reads is alive
+// until that reader has run.
+TEST_CASE("an inlined op's inputs live until its readers run", "[simulate]") {
+  Net net;
+  net.placeholder("x", 10, Role::Input);
+  net.op("p", {"x"}, 1000);
+  net.op("q", {"p"}, 1000);  // fusible, read only by r
+  net.op("r", {"q"}, 10);    // fusible
+  net.op("m", {"r"}, 10);    // an extern kernel: r keeps its buffer
+  net.output({"m"});
+  Graph g = net.graph();
+  for (const char* name : {"q", "r"}) g.nodes[static_cast<std::size_t>(net.at(name))].fusible = true;
+  SimulateOptions options = timeline();
+  options.fuse_pointwise = true;
+  // x p q r m output: q holds nothing, p lives until r has read q (through it).
+  CHECK(simulate_memory(g, nullptr, options).timeline == Bytes{0, 1000, 1000, 1010, 20, 10});
+  CHECK(simulate_memory(g, nullptr, timeline()).timeline == Bytes{0, 1000, 2000, 1010, 20, 10});
 }
 
 // Issue 38: eager autograd frees a saved input only when the autograd node

@@ -114,8 +114,10 @@ struct PlanStats {
                                              // "no_units" (none found, routed to stock: unitless_to_stock)
   std::size_t user_tagged = 0;               // nodes whose policy the model's own checkpointing set
   double lambda = 0.0;                       // min-cut modes: the λ of the chosen cut
-  std::int64_t simulated_peak_before = 0;    // bytes, original graph
-  std::int64_t simulated_peak_after = 0;     // bytes, rewritten graph
+  // Bytes, original / rewritten graph, as the configured compiler allocates
+  // them (under inductor: SimulateOptions::fuse_pointwise).
+  std::int64_t simulated_peak_before = 0;
+  std::int64_t simulated_peak_after = 0;
   // The same peaks without resident values (parameters, buffers, inputs,
   // tangents): what a measurement that starts after they exist sees.
   std::int64_t simulated_activation_peak_before = 0;
@@ -123,7 +125,7 @@ struct PlanStats {
   // The original graph's activation peak as uncompiled eager autograd runs
   // it (SimulateOptions::autograd_lifetimes): what the uncheckpointed eager
   // step measures. Equals simulated_activation_peak_before on a graph
-  // without Node::autograd_node.
+  // without Node::autograd_node under compiler eager.
   std::int64_t simulated_activation_peak_autograd = 0;
   std::int64_t budget_bytes = 0;             // budget mode: the target
   bool budget_met = true;

@@ -22,13 +22,14 @@ struct SimulateOptions {
   // and incoming gradients when the node returns. Models the uncompiled,
   // uncheckpointed step; compiled code frees per op (the default).
   bool autograd_lifetimes = false;
-  // Count what a fusing compiler (Inductor) allocates: a recomputed copy of a
-  // fusible op every reader of which is a fusible op too (replayed or
-  // backward; not a view, getitem, random or symint op) allocates nothing, as
-  // the compiler inlines it into its readers' kernels. Its forward original
-  // still allocates: whether the forward writes it depends on what the plan
-  // saves. plan() sets it under `compiler: inductor`.
-  bool fused_replays = false;
+  // Count what a fusing compiler (Inductor) allocates: a fusible op (not a
+  // view, getitem, random, symint or mutating op) every reader of which is a
+  // fusible op in the same graph (the forward, or the backward with its
+  // replays) is inlined into its readers' kernels and holds no buffer; what it
+  // reads stays alive until those readers run. A forward value the backward
+  // reads (saved) or the output reads keeps its buffer. plan() sets it under
+  // `compiler: inductor`.
+  bool fuse_pointwise = false;
 };
 
 struct SimulateStats {
