@@ -83,13 +83,42 @@ double measured_slope(const std::optional<Tried>& a, const std::optional<Tried>&
 }
 
 // What the measured search knows: the highest plan that fit and the lowest
-// over (by simulated target), and the kept plan, the least-recompute one that
-// fits, with its measured bytes.
+// over (by simulated target) with the plan it measured, every plan that fit
+// with its measured bytes, and the kept plan among those (keep_fitting).
 struct MeasuredSearch {
   std::optional<Tried> fits, over;
+  std::optional<Evaluation> over_plan;  // the plan `over` measured
+  std::vector<std::pair<Evaluation, std::int64_t>> fitting;
   std::optional<Evaluation> kept;
   std::int64_t kept_bytes = -1;
+  double least_seconds = 0.0;  // the least recompute of the plans that fit
 };
+
+// Records a plan measured over the target when it is the lowest over so far (by simulated target).
+void note_over(MeasuredSearch& state, const Tried& tried, const Evaluation& plan) {
+  if (state.over && tried.simulated >= state.over->simulated) return;
+  state.over = tried;
+  state.over_plan = plan;
+}
+
+// Records a plan that fits and keeps, of all that fit, the one nearest the
+// target (the memory is the user's to spend) among those that recompute within
+// kRecomputeTieFraction of the least; ties: less recompute.
+void keep_fitting(MeasuredSearch& state, const Evaluation& plan, std::int64_t bytes) {
+  state.fitting.emplace_back(plan, bytes);
+  double least = plan.recompute_seconds;
+  for (const auto& [evaluation, _] : state.fitting) least = std::min(least, evaluation.recompute_seconds);
+  state.least_seconds = least;
+  const std::pair<Evaluation, std::int64_t>* best = nullptr;
+  for (const auto& entry : state.fitting) {
+    if (entry.first.recompute_seconds > least * (1.0 + kRecomputeTieFraction)) continue;
+    if (!best || entry.second > best->second ||
+        (entry.second == best->second && entry.first.recompute_seconds < best->first.recompute_seconds))
+      best = &entry;
+  }
+  state.kept = best->first;
+  state.kept_bytes = best->second;
+}
 
 // The measured search (continue_budget_on_measured): from the simulated
 // choice, which measured `fits` (within the target) or `over` it, the
@@ -155,7 +184,7 @@ void search_measured_target(const Graph& graph, const detail::NodeIndex& index, 
       const std::int64_t own = scored_bytes(*candidate, result.scope);
       if (own < simulated && (!fits || own > fits->simulated)) last->simulated = own;
       if (!over || last->simulated < over->simulated) {
-        over = last;
+        note_over(state, *last, *candidate);
         over_weight = 1.0;
         if (moved > 0) fits_weight /= 2;
         moved = 1;
@@ -168,12 +197,70 @@ void search_measured_target(const Graph& graph, const detail::NodeIndex& index, 
       if (moved < 0) over_weight /= 2;
       moved = -1;
     }
-    // Less recompute, or as little nearer the target (the memory is the user's to spend).
-    if (!state.kept || candidate->recompute_seconds < state.kept->recompute_seconds ||
-        (candidate->recompute_seconds <= state.kept->recompute_seconds && bytes > state.kept_bytes)) {
-      state.kept = std::move(*candidate);
-      state.kept_bytes = bytes;
+    keep_fitting(state, *candidate, bytes);
+  }
+}
+
+// The trim (kOracleTrimProbes): from the plan measured over, each value it
+// saves that the tags leave optional and whose bytes cover the measured excess
+// is recomputed in turn (cheapest own recompute first, at most descent_cap
+// evaluations). Of those whose simulated peak falls by at least that excess
+// and whose recompute is within kRecomputeTieFraction of the least that fit,
+// the one whose peak falls least (nearest the target; ties: less recompute)
+// is measured. It fits: recorded as any plan that fits (keep_fitting). Still
+// over, but lower: the next trim starts from it.
+void trim_over_plan(const Graph& graph, const detail::NodeIndex& index, const StageOptions& stages,
+                    MeasuredPeaks& measured, std::int64_t target, PlanResult& result, MeasuredSearch& state) {
+  if (!state.kept || !state.over || !state.over_plan) return;
+  const double slack = kBudgetMeasuredSlack * static_cast<double>(target);
+  const std::vector<Policy>& tags = result.tags.policies;
+  const RematOptions schedule = unit_schedule(result.scope);
+  const std::size_t cap = descent_cap(graph);
+  SecondsCache seconds;
+  Evaluation base = *state.over_plan;
+  std::int64_t base_bytes = state.over->measured;
+  std::size_t evaluations = 0;
+  for (std::size_t probe = 0; probe < kOracleTrimProbes; ++probe) {
+    if (static_cast<double>(target - state.kept_bytes) <= slack) return;
+    const std::int64_t excess = base_bytes - target;
+    std::vector<std::pair<double, std::int32_t>> candidates;
+    for (const std::int32_t v : base.remat.saved) {
+      const auto i = static_cast<std::size_t>(v);
+      if ((tags[i] != Policy::PreferRecompute && tags[i] != Policy::PreferSave) || is_recompute(base.remat.policies[i]) ||
+          graph.nodes[i].output_bytes() < excess)
+        continue;
+      candidates.emplace_back(detail::recompute_seconds(graph, index, v, stages.cost), v);
     }
+    std::stable_sort(candidates.begin(), candidates.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    const double allowed_seconds = state.least_seconds * (1.0 + kRecomputeTieFraction);
+    std::optional<Evaluation> best;
+    for (const auto& candidate : candidates) {
+      if (evaluations >= cap) break;
+      std::vector<Policy> trial = base.remat.policies;
+      trial[static_cast<std::size_t>(candidate.second)] = Policy::PreferRecompute;
+      Evaluation evaluation = evaluate_indexed(graph, index, trial, stages.cost, schedule, &result.timings, &seconds);
+      ++evaluations;
+      if (base.simulated_peak_bytes - evaluation.simulated_peak_bytes < excess ||
+          evaluation.recompute_seconds > allowed_seconds)
+        continue;
+      if (!best || evaluation.simulated_peak_bytes > best->simulated_peak_bytes ||
+          (evaluation.simulated_peak_bytes == best->simulated_peak_bytes &&
+           evaluation.recompute_seconds < best->recompute_seconds)) {
+        evaluation.lambda = base.lambda;
+        best = std::move(evaluation);
+      }
+    }
+    if (!best) return;
+    const std::int64_t bytes = measured.of(*best);
+    if (bytes < 0) return;
+    if (bytes <= target) {
+      keep_fitting(state, *best, bytes);
+      return;
+    }
+    if (bytes >= base_bytes) return;  // recomputing it did not lower the measured peak
+    base = std::move(*best);
+    base_bytes = bytes;
   }
 }
 
@@ -308,10 +395,9 @@ void continue_budget_on_measured(const Graph& graph, const detail::NodeIndex& in
   MeasuredSearch state;
   if (first_bytes <= target) {
     state.fits = first;
-    state.kept = chosen;
-    state.kept_bytes = first_bytes;
+    keep_fitting(state, chosen, first_bytes);
   } else {
-    state.over = first;
+    note_over(state, first, chosen);
   }
   search_measured_target(graph, index, stages, search, measured, target, result, state);
   if (!state.kept) {
@@ -334,11 +420,10 @@ void continue_budget_on_measured(const Graph& graph, const detail::NodeIndex& in
       const Tried tried{scored_bytes(evaluation, result.scope), bytes};
       if (bytes <= target) {
         state.fits = tried;
-        state.kept = std::move(evaluation);
-        state.kept_bytes = bytes;
+        keep_fitting(state, evaluation, bytes);
         hi = mid;
       } else {
-        if (!state.over || tried.simulated < state.over->simulated) state.over = tried;
+        note_over(state, tried, evaluation);
         if (bytes < least_bytes) {
           chosen = std::move(evaluation);
           least_bytes = bytes;
@@ -349,6 +434,7 @@ void continue_budget_on_measured(const Graph& graph, const detail::NodeIndex& in
     if (state.kept) search_measured_target(graph, index, stages, search, measured, target, result, state);
     if (!state.kept) state.kept_bytes = least_bytes;
   }
+  trim_over_plan(graph, index, stages, measured, target, result, state);
   if (state.kept) chosen = std::move(*state.kept);
   const std::int64_t kept_bytes = state.kept_bytes;
   const std::optional<Tried>& over = state.over;

@@ -104,6 +104,18 @@ inline constexpr double kMeasuredSlopeBounds[2] = {0.25, 1.5};
 // the simulated choice (a bisection over the frontier, least recompute first),
 // then the search again between the point that fits and the least plan over.
 inline constexpr std::size_t kOracleBudgetProbes = 5;
+// Kept further under the target than the slack, with a plan measured over it:
+// at most this many plans measured that recompute one more saved value of the
+// plan over (the trim, plan_budget.cc). Plans change in steps, and the nearest
+// plan over is often a hair over (bench GPT-2 at 0.6 x stock's peak: 2 KiB over
+// a 13.8 MB target) while the plan kept is one whole tensor under.
+inline constexpr std::size_t kOracleTrimProbes = 2;
+// Of the plans measured within the target, the kept one is the nearest the
+// target among those whose recompute estimate is within this fraction of the
+// least: the roofline estimate resolves no finer, and the nearer plan spends
+// the memory the user gave (bench TinyTransformer at 0.5 x stock's peak: a plan
+// 0.3% under the target recomputes 0.03% more than one 1.8% under).
+inline constexpr double kRecomputeTieFraction = 0.01;
 
 struct PlanStats {
   std::size_t regions = 0;
