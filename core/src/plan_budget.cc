@@ -264,6 +264,61 @@ void trim_over_plan(const Graph& graph, const detail::NodeIndex& index, const St
   }
 }
 
+// The fill (kOracleFillProbes): still kept further under than the slack, each
+// value the kept plan recomputes that the tags leave optional is saved again in
+// turn (most expensive own recompute first, at most descent_cap evaluations); of
+// those that recompute less and whose simulated peak rises by no more than the
+// measured gap to the target, the one whose peak rises most (nearest the
+// target; ties: less recompute) is measured, and recorded when it fits.
+void fill_kept_plan(const Graph& graph, const detail::NodeIndex& index, const StageOptions& stages,
+                    MeasuredPeaks& measured, std::int64_t target, PlanResult& result, MeasuredSearch& state) {
+  if (!state.kept) return;
+  const double slack = kBudgetMeasuredSlack * static_cast<double>(target);
+  const std::vector<Policy>& tags = result.tags.policies;
+  const RematOptions schedule = unit_schedule(result.scope);
+  const std::size_t cap = descent_cap(graph);
+  SecondsCache seconds;
+  std::size_t evaluations = 0;
+  for (std::size_t probe = 0; probe < kOracleFillProbes; ++probe) {
+    if (static_cast<double>(target - state.kept_bytes) <= slack) return;
+    const Evaluation base = *state.kept;
+    const std::int64_t gap = target - state.kept_bytes;
+    std::vector<char> seen(graph.nodes.size(), 0);
+    std::vector<std::pair<double, std::int32_t>> candidates;
+    for (const auto& dup : base.remat.duplicates) {
+      const auto i = static_cast<std::size_t>(dup.of);
+      if (seen[i] || (tags[i] != Policy::PreferRecompute && tags[i] != Policy::PreferSave) ||
+          !is_recompute(base.remat.policies[i]))
+        continue;
+      seen[i] = 1;
+      candidates.emplace_back(detail::recompute_seconds(graph, index, dup.of, stages.cost), dup.of);
+    }
+    std::stable_sort(candidates.begin(), candidates.end(),
+                     [](const auto& a, const auto& b) { return a.first > b.first; });
+    std::optional<Evaluation> best;
+    for (const auto& candidate : candidates) {
+      if (evaluations >= cap) break;
+      std::vector<Policy> trial = base.remat.policies;
+      trial[static_cast<std::size_t>(candidate.second)] = Policy::PreferSave;
+      Evaluation evaluation = evaluate_indexed(graph, index, trial, stages.cost, schedule, &result.timings, &seconds);
+      ++evaluations;
+      if (evaluation.simulated_peak_bytes - base.simulated_peak_bytes > gap ||
+          !(evaluation.recompute_seconds < base.recompute_seconds))
+        continue;
+      if (!best || evaluation.simulated_peak_bytes > best->simulated_peak_bytes ||
+          (evaluation.simulated_peak_bytes == best->simulated_peak_bytes &&
+           evaluation.recompute_seconds < best->recompute_seconds)) {
+        evaluation.lambda = base.lambda;
+        best = std::move(evaluation);
+      }
+    }
+    if (!best) return;
+    const std::int64_t bytes = measured.of(*best);
+    if (bytes < 0 || bytes > target) return;
+    keep_fitting(state, *best, bytes);
+  }
+}
+
 }  // namespace
 
 Descent descend_within_budget(const Graph& graph, const detail::NodeIndex& index, const std::vector<Policy>& tags,
@@ -435,6 +490,7 @@ void continue_budget_on_measured(const Graph& graph, const detail::NodeIndex& in
     if (!state.kept) state.kept_bytes = least_bytes;
   }
   trim_over_plan(graph, index, stages, measured, target, result, state);
+  fill_kept_plan(graph, index, stages, measured, target, result, state);
   if (state.kept) chosen = std::move(*state.kept);
   const std::int64_t kept_bytes = state.kept_bytes;
   const std::optional<Tried>& over = state.over;

@@ -110,6 +110,11 @@ inline constexpr std::size_t kOracleBudgetProbes = 5;
 // plan over is often a hair over (bench GPT-2 at 0.6 x stock's peak: 2 KiB over
 // a 13.8 MB target) while the plan kept is one whole tensor under.
 inline constexpr std::size_t kOracleTrimProbes = 2;
+// Still further under than the slack after the trim: at most this many plans
+// measured that save again one value the kept plan recomputes (the fill,
+// plan_budget.cc), the one whose simulated peak rises most within the measured
+// gap to the target.
+inline constexpr std::size_t kOracleFillProbes = 1;
 // Of the plans measured within the target, the kept one is the nearest the
 // target among those whose recompute estimate is within this fraction of the
 // least: the roofline estimate resolves no finer, and the nearer plan spends
