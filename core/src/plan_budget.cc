@@ -120,6 +120,38 @@ void keep_fitting(MeasuredSearch& state, const Evaluation& plan, std::int64_t by
   state.kept_bytes = best->second;
 }
 
+// A tag that leaves the plan free to save or recompute the node.
+bool left_optional(Policy tag) { return tag == Policy::PreferRecompute || tag == Policy::PreferSave; }
+
+// Of the plans that set one candidate's policy in `base` to `to` (candidates in
+// order, each evaluated, at most `cap` evaluations counted in `evaluations`),
+// the one `accepted` with the highest simulated peak (nearest the target from
+// below; ties: less recompute). None: nothing accepted.
+template <typename Accept>
+std::optional<Evaluation> best_single_change(const Graph& graph, const detail::NodeIndex& index,
+                                             const StageOptions& stages, PlanResult& result, const Evaluation& base,
+                                             const std::vector<std::pair<double, std::int32_t>>& candidates, Policy to,
+                                             const Accept& accepted, std::size_t& evaluations, std::size_t cap) {
+  const RematOptions schedule = unit_schedule(result.scope);
+  SecondsCache seconds;
+  std::optional<Evaluation> best;
+  for (const auto& candidate : candidates) {
+    if (evaluations >= cap) break;
+    std::vector<Policy> trial = base.remat.policies;
+    trial[static_cast<std::size_t>(candidate.second)] = to;
+    Evaluation evaluation = evaluate_indexed(graph, index, trial, stages.cost, schedule, &result.timings, &seconds);
+    ++evaluations;
+    if (!accepted(evaluation)) continue;
+    if (!best || evaluation.simulated_peak_bytes > best->simulated_peak_bytes ||
+        (evaluation.simulated_peak_bytes == best->simulated_peak_bytes &&
+         evaluation.recompute_seconds < best->recompute_seconds)) {
+      evaluation.lambda = base.lambda;
+      best = std::move(evaluation);
+    }
+  }
+  return best;
+}
+
 // The measured search (continue_budget_on_measured): from the simulated
 // choice, which measured `fits` (within the target) or `over` it, the
 // simulated target is moved to aim inside [1 - kBudgetMeasuredSlack, 1] x the
@@ -214,9 +246,7 @@ void trim_over_plan(const Graph& graph, const detail::NodeIndex& index, const St
   if (!state.kept || !state.over || !state.over_plan) return;
   const double slack = kBudgetMeasuredSlack * static_cast<double>(target);
   const std::vector<Policy>& tags = result.tags.policies;
-  const RematOptions schedule = unit_schedule(result.scope);
   const std::size_t cap = descent_cap(graph);
-  SecondsCache seconds;
   Evaluation base = *state.over_plan;
   std::int64_t base_bytes = state.over->measured;
   std::size_t evaluations = 0;
@@ -226,31 +256,18 @@ void trim_over_plan(const Graph& graph, const detail::NodeIndex& index, const St
     std::vector<std::pair<double, std::int32_t>> candidates;
     for (const std::int32_t v : base.remat.saved) {
       const auto i = static_cast<std::size_t>(v);
-      if ((tags[i] != Policy::PreferRecompute && tags[i] != Policy::PreferSave) || is_recompute(base.remat.policies[i]) ||
-          graph.nodes[i].output_bytes() < excess)
-        continue;
-      candidates.emplace_back(detail::recompute_seconds(graph, index, v, stages.cost), v);
+      if (left_optional(tags[i]) && !is_recompute(base.remat.policies[i]) && graph.nodes[i].output_bytes() >= excess)
+        candidates.emplace_back(detail::recompute_seconds(graph, index, v, stages.cost), v);
     }
     std::stable_sort(candidates.begin(), candidates.end(),
                      [](const auto& a, const auto& b) { return a.first < b.first; });
     const double allowed_seconds = state.least_seconds * (1.0 + kRecomputeTieFraction);
-    std::optional<Evaluation> best;
-    for (const auto& candidate : candidates) {
-      if (evaluations >= cap) break;
-      std::vector<Policy> trial = base.remat.policies;
-      trial[static_cast<std::size_t>(candidate.second)] = Policy::PreferRecompute;
-      Evaluation evaluation = evaluate_indexed(graph, index, trial, stages.cost, schedule, &result.timings, &seconds);
-      ++evaluations;
-      if (base.simulated_peak_bytes - evaluation.simulated_peak_bytes < excess ||
-          evaluation.recompute_seconds > allowed_seconds)
-        continue;
-      if (!best || evaluation.simulated_peak_bytes > best->simulated_peak_bytes ||
-          (evaluation.simulated_peak_bytes == best->simulated_peak_bytes &&
-           evaluation.recompute_seconds < best->recompute_seconds)) {
-        evaluation.lambda = base.lambda;
-        best = std::move(evaluation);
-      }
-    }
+    std::optional<Evaluation> best = best_single_change(
+        graph, index, stages, result, base, candidates, Policy::PreferRecompute,
+        [&](const Evaluation& e) {
+          return base.simulated_peak_bytes - e.simulated_peak_bytes >= excess && e.recompute_seconds <= allowed_seconds;
+        },
+        evaluations, cap);
     if (!best) return;
     const std::int64_t bytes = measured.of(*best);
     if (bytes < 0) return;
@@ -275,9 +292,7 @@ void fill_kept_plan(const Graph& graph, const detail::NodeIndex& index, const St
   if (!state.kept) return;
   const double slack = kBudgetMeasuredSlack * static_cast<double>(target);
   const std::vector<Policy>& tags = result.tags.policies;
-  const RematOptions schedule = unit_schedule(result.scope);
   const std::size_t cap = descent_cap(graph);
-  SecondsCache seconds;
   std::size_t evaluations = 0;
   for (std::size_t probe = 0; probe < kOracleFillProbes; ++probe) {
     if (static_cast<double>(target - state.kept_bytes) <= slack) return;
@@ -287,31 +302,18 @@ void fill_kept_plan(const Graph& graph, const detail::NodeIndex& index, const St
     std::vector<std::pair<double, std::int32_t>> candidates;
     for (const auto& dup : base.remat.duplicates) {
       const auto i = static_cast<std::size_t>(dup.of);
-      if (seen[i] || (tags[i] != Policy::PreferRecompute && tags[i] != Policy::PreferSave) ||
-          !is_recompute(base.remat.policies[i]))
-        continue;
+      if (seen[i] || !left_optional(tags[i]) || !is_recompute(base.remat.policies[i])) continue;
       seen[i] = 1;
       candidates.emplace_back(detail::recompute_seconds(graph, index, dup.of, stages.cost), dup.of);
     }
     std::stable_sort(candidates.begin(), candidates.end(),
                      [](const auto& a, const auto& b) { return a.first > b.first; });
-    std::optional<Evaluation> best;
-    for (const auto& candidate : candidates) {
-      if (evaluations >= cap) break;
-      std::vector<Policy> trial = base.remat.policies;
-      trial[static_cast<std::size_t>(candidate.second)] = Policy::PreferSave;
-      Evaluation evaluation = evaluate_indexed(graph, index, trial, stages.cost, schedule, &result.timings, &seconds);
-      ++evaluations;
-      if (evaluation.simulated_peak_bytes - base.simulated_peak_bytes > gap ||
-          !(evaluation.recompute_seconds < base.recompute_seconds))
-        continue;
-      if (!best || evaluation.simulated_peak_bytes > best->simulated_peak_bytes ||
-          (evaluation.simulated_peak_bytes == best->simulated_peak_bytes &&
-           evaluation.recompute_seconds < best->recompute_seconds)) {
-        evaluation.lambda = base.lambda;
-        best = std::move(evaluation);
-      }
-    }
+    std::optional<Evaluation> best = best_single_change(
+        graph, index, stages, result, base, candidates, Policy::PreferSave,
+        [&](const Evaluation& e) {
+          return e.simulated_peak_bytes - base.simulated_peak_bytes <= gap && e.recompute_seconds < base.recompute_seconds;
+        },
+        evaluations, cap);
     if (!best) return;
     const std::int64_t bytes = measured.of(*best);
     if (bytes < 0 || bytes > target) return;
@@ -337,8 +339,7 @@ Descent descend_within_budget(const Graph& graph, const detail::NodeIndex& index
       duplicated[v] = 1;
     }
     for (std::size_t v = 0; v < graph.nodes.size(); ++v)
-      if (duplicated[v] && (tags[v] == Policy::PreferRecompute || tags[v] == Policy::PreferSave) &&
-          is_recompute(policies[v]))
+      if (duplicated[v] && left_optional(tags[v]) && is_recompute(policies[v]))
         candidates.emplace_back(own[v], static_cast<std::int32_t>(v));
     std::stable_sort(candidates.begin(), candidates.end(),
                      [](const auto& a, const auto& b) { return a.first > b.first; });
