@@ -193,6 +193,10 @@ def _resident_bytes(model: Any, batch: dict) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+# The plans the hyper_ac backend made while the current point compiled (measure_point clears it).
+_PLANNED: list = []
+
+
 def _hac(config_of: Callable[[Any, dict, Optional[int]], Any], per_block: bool) -> Callable:
     import hyper_ac
 
@@ -201,10 +205,20 @@ def _hac(config_of: Callable[[Any, dict, Optional[int]], Any], per_block: bool) 
         if per_block:
             # Each compiled graph is one block of the model (docs/config.md, ac_scope: unit_graph).
             config = hyper_ac.load_config(config).with_option("scope", "unit_graph")
-            return _compile_blocks(model, hyper_ac.backend(config, compiler="inductor"))
-        return _whole(model, hyper_ac.backend(config, model=model, compiler="inductor"))
+            return _compile_blocks(model, hyper_ac.backend(config, compiler="inductor", on_result=_PLANNED.append))
+        return _whole(model, hyper_ac.backend(config, model=model, compiler="inductor", on_result=_PLANNED.append))
 
     return make
+
+
+def planned_columns(results: Sequence[Any]) -> dict:
+    """What the core's plans say beside the measured step: ``nearest_over_bytes``, the least
+    peak its budget search measured over the target (stats ``measured_nearest_over``), where
+    one graph was planned and its search measured one; nothing otherwise."""
+    if len(results) != 1:
+        return {}
+    nearest = results[0].stats.get("measured_nearest_over", -1)
+    return {"nearest_over_bytes": nearest} if nearest is not None and nearest >= 0 else {}
 
 
 def byte_budget_point(fraction: float) -> str:
@@ -298,6 +312,7 @@ def measure_point(name: str, point: Point, opts: StepOptions, stock_peak: Option
     row: dict = {"model": name, "system": point.system, "point": point.point, "status": "ok", "error": ""}
     model = build_model(name, opts.spec)
     batch = build_batch(name, opts.spec)
+    _PLANNED.clear()
     with _quiet(), functorch_config.patch(enable_autograd_cache=False):
         fn = point.make(model, batch, stock_peak)
 
@@ -312,6 +327,7 @@ def measure_point(name: str, point: Point, opts: StepOptions, stock_peak: Option
         with point.patch():
             step()  # compiles (the backward too): the patch must be active here
         row["compile_seconds"] = time.perf_counter() - t0
+        row.update(planned_columns(_PLANNED))
         _clear_grads(model)
         gc.collect()
         torch.manual_seed(_MEASURED_STEP_SEED)

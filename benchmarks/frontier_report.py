@@ -23,7 +23,7 @@ FRONTIER_COLUMN_TYPES = {
     "model": str, "system": str, "point": str, "status": str, "error": str, "peak_bytes": int, "peak_ratio": float,
     "step_ratio": float, "paired_step_ratio_q1": float, "paired_step_ratio_q3": float, "paired_step_seconds": float,
     "paired_stock_step_seconds": float, "paired_rounds": int, "dominated_by": str, "grads_allclose": bool,
-    "max_grad_diff": float, "compile_seconds": float, "wall_seconds": float,
+    "max_grad_diff": float, "compile_seconds": float, "wall_seconds": float, "nearest_over_bytes": int,
 }
 FRONTIER_COLUMNS = list(FRONTIER_COLUMN_TYPES)
 
@@ -110,9 +110,10 @@ def least_memory_line(model: str, rows: list[dict]) -> str:
 
 def budget_rows(model: str, rows: list[dict]) -> list[dict]:
     """The model's whole-model byte budgets, highest fraction first, each with ``fraction``,
-    ``of_target`` (measured peak / target) and ``verdict``: ``met`` (within BUDGET_SLACK under),
-    ``under``, ``over`` or ``unreachable`` (target under the least peak any whole-model hyper_ac
-    point measured, that peak within BUDGET_SLACK of it: the floor)."""
+    ``of_target`` (measured peak / target), ``nearest_over_of_target`` (the least peak the budget's
+    search measured over the target, / target; None: none recorded) and ``verdict``: ``met``
+    (within BUDGET_SLACK under), ``under``, ``over`` or ``unreachable`` (target under the least
+    peak any whole-model hyper_ac point measured, that peak within BUDGET_SLACK of it: the floor)."""
     mine = [r for r in rows if r["model"] == model and r["system"] == "hyper_ac" and r.get("status") == "ok"
             and r.get("peak_ratio") is not None]
     if not mine:
@@ -124,6 +125,9 @@ def budget_rows(model: str, rows: list[dict]) -> list[dict]:
         if fraction is None:
             continue
         of_target = r["peak_ratio"] / fraction
+        nearest = r.get("nearest_over_bytes")
+        nearest_of_target = (None if nearest is None or not r.get("peak_bytes")
+                             else nearest / (fraction * r["peak_bytes"] / r["peak_ratio"]))
         if fraction < floor and r["peak_ratio"] <= floor * (1.0 + BUDGET_SLACK):
             verdict = "unreachable"
         elif of_target > 1.0:
@@ -132,7 +136,8 @@ def budget_rows(model: str, rows: list[dict]) -> list[dict]:
             verdict = "met"
         else:
             verdict = "under"
-        out.append({**r, "fraction": fraction, "of_target": of_target, "verdict": verdict})
+        out.append({**r, "fraction": fraction, "of_target": of_target, "nearest_over_of_target": nearest_of_target,
+                    "verdict": verdict})
     return sorted(out, key=lambda r: -r["fraction"])
 
 
@@ -151,9 +156,12 @@ def budget_section(model: str, rows: list[dict]) -> list[str]:
                     f"; the least budget peak is {least / full['peak_ratio']:.3f}× `full`'s ({full['peak_ratio']:.3f}×)")
     line = (f"Byte budgets against their targets: {met} of {len(budgets)} met within {BUDGET_SLACK:.0%} under "
             f"their target or at the floor where unreachable; peaks {'monotone' if monotone else '**not monotone**'} "
-            f"in the fraction{against_full}.")
-    table = _md_table(["budget", "peak ×stock", "peak ÷ target", "verdict"],
+            f"in the fraction{against_full}. Nearest plan over: the least peak the budget's search measured "
+            f"over its target (the plan's `measured_nearest_over`); a miss with one a hair over is a step of the "
+            f"plans.")
+    table = _md_table(["budget", "peak ×stock", "peak ÷ target", "nearest plan over ÷ target", "verdict"],
                       [[r["point"], _ratio(r["peak_ratio"]), f"{r['of_target']:.3f}",
+                        "–" if r["nearest_over_of_target"] is None else f"{r['nearest_over_of_target']:.4f}",
                         r["verdict"] if r["verdict"] in ("met", "unreachable") else f"**{r['verdict']}**"]
                        for r in budgets])
     return [line, "", table, ""]

@@ -92,10 +92,13 @@ struct MeasuredSearch {
   std::optional<Evaluation> kept;
   std::int64_t kept_bytes = -1;
   double least_seconds = 0.0;  // the least recompute of the plans that fit
+  std::int64_t least_over = -1;  // the least measured of the plans over; -1: none
 };
 
-// Records a plan measured over the target when it is the lowest over so far (by simulated target).
+// Records a plan measured over the target: its measured bytes, and the plan when it is the
+// lowest over so far by simulated target.
 void note_over(MeasuredSearch& state, const Tried& tried, const Evaluation& plan) {
+  if (state.least_over < 0 || tried.measured < state.least_over) state.least_over = tried.measured;
   if (state.over && tried.simulated >= state.over->simulated) return;
   state.over = tried;
   state.over_plan = plan;
@@ -215,8 +218,9 @@ void search_measured_target(const Graph& graph, const detail::NodeIndex& index, 
       // bounded descent can leave it under, and then at its target.
       const std::int64_t own = scored_bytes(*candidate, result.scope);
       if (own < simulated && (!fits || own > fits->simulated)) last->simulated = own;
-      if (!over || last->simulated < over->simulated) {
-        note_over(state, *last, *candidate);
+      const bool lowest = !over || last->simulated < over->simulated;
+      note_over(state, *last, *candidate);
+      if (lowest) {
         over_weight = 1.0;
         if (moved > 0) fits_weight /= 2;
         moved = 1;
@@ -275,6 +279,7 @@ void trim_over_plan(const Graph& graph, const detail::NodeIndex& index, const St
       keep_fitting(state, *best, bytes);
       return;
     }
+    note_over(state, Tried{scored_bytes(*best, result.scope), bytes}, *best);
     if (bytes >= base_bytes) return;  // recomputing it did not lower the measured peak
     base = std::move(*best);
     base_bytes = bytes;
@@ -316,7 +321,11 @@ void fill_kept_plan(const Graph& graph, const detail::NodeIndex& index, const St
         evaluations, cap);
     if (!best) return;
     const std::int64_t bytes = measured.of(*best);
-    if (bytes < 0 || bytes > target) return;
+    if (bytes < 0) return;
+    if (bytes > target) {
+      note_over(state, Tried{scored_bytes(*best, result.scope), bytes}, *best);
+      return;
+    }
     keep_fitting(state, *best, bytes);
   }
 }
@@ -494,9 +503,9 @@ void continue_budget_on_measured(const Graph& graph, const detail::NodeIndex& in
   fill_kept_plan(graph, index, stages, measured, target, result, state);
   if (state.kept) chosen = std::move(*state.kept);
   const std::int64_t kept_bytes = state.kept_bytes;
-  const std::optional<Tried>& over = state.over;
   result.stats.budget_met = kept_bytes <= target;
   result.stats.measured_peak_after = kept_bytes;
+  result.stats.measured_nearest_over = state.least_over;
   if (result.stats.budget_met && met_before && kept_bytes != first_bytes)
     result.diagnostics.push_back({Severity::Info, -1,
                                   "memory budget on the measured peak (" + format_bytes(target) +
@@ -506,14 +515,14 @@ void continue_budget_on_measured(const Graph& graph, const detail::NodeIndex& in
                                       format_seconds(chosen.recompute_seconds) + " (" +
                                       std::to_string(result.stats.oracle_calls) + " plans measured)"});
   // Met further under than the slack: plans change in steps, and the search says which step it found over.
-  if (result.stats.budget_met && over &&
+  if (result.stats.budget_met && state.least_over >= 0 &&
       static_cast<double>(target - kept_bytes) > kBudgetMeasuredSlack * static_cast<double>(target))
     result.diagnostics.push_back({Severity::Info, -1,
                                   "memory budget on the measured peak (" + format_bytes(target) + "): kept " +
                                       format_bytes(kept_bytes) + ", more than " +
                                       std::to_string(static_cast<int>(kBudgetMeasuredSlack * 100)) +
                                       "% under it; the nearest plan the search measured over it holds " +
-                                      format_bytes(over->measured) + " (" + format_bytes(over->measured - target) +
+                                      format_bytes(state.least_over) + " (" + format_bytes(state.least_over - target) +
                                       " over; plans change in steps)"});
   if (result.stats.budget_met != met_before || !result.stats.budget_met)
     result.diagnostics.push_back(

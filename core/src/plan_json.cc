@@ -178,6 +178,7 @@ std::vector<Field> stats_fields(const PlanResult& result) {
     fields.push_back(signed_field("measured_peak_after", ps.measured_peak_after));
     fields.push_back(signed_field("measured_stock_peak", ps.measured_stock_peak));
     fields.push_back(signed_field("measured_stock_lower_bound", ps.measured_stock_lower_bound));
+    fields.push_back(signed_field("measured_nearest_over", ps.measured_nearest_over));
     fields.push_back(count_field("oracle_calls", ps.oracle_calls));
     fields.push_back(bool_field("measured_fallback", ps.measured_fallback));
     fields.push_back(bool_field("output_recompute_refused", ps.output_recompute_refused));

@@ -1089,9 +1089,12 @@ TEST_CASE("peak oracle: a budget plan measured just over its target is moved bac
     // Plans here change in 1 MiB steps, more than 1% of the target: the kept one is further under,
     // and the plan says which step it found over.
     REQUIRE(static_cast<double>(target - r.stats.measured_peak_after) > kBudgetMeasuredSlack * static_cast<double>(target));
+    // The simulated choice measured one byte over: the nearest plan over, in the stats and the note.
+    CHECK(r.stats.measured_nearest_over == target + 1);
     bool said = false;
     for (const auto& d : r.diagnostics)
-      said = said || d.message.find("the nearest plan the search measured over it holds") != std::string::npos;
+      said = said || d.message.find("the nearest plan the search measured over it holds " +
+                                    format_bytes(target + 1)) != std::string::npos;
     CHECK(said);
     ++tried;
   }
@@ -1139,6 +1142,7 @@ TEST_CASE("peak oracle: a budget plan a hair over its target is trimmed by one s
     });
   };
   CHECK(replays_amax(r));
+  CHECK(r.stats.measured_nearest_over == target + 1);  // the simulated choice
   bool said = false;  // in the band: no note of a step over it
   for (const auto& d : r.diagnostics)
     said = said || d.message.find("the nearest plan the search measured over it holds") != std::string::npos;
@@ -1205,6 +1209,7 @@ TEST_CASE("peak oracle: a budget whose measured peak moves faster than the simul
   const PlanResult r = plan(graph, options);
   CHECK(r.stats.budget_met);
   CHECK(r.stats.measured_peak_after == target - MiB);  // the nearest plan under the target
+  CHECK(r.stats.measured_nearest_over == target + MiB);  // and the nearest over it
   CHECK(r.stats.recompute_seconds < simulated.stats.recompute_seconds);
   CHECK(r.stats.oracle_calls == seen.size());
   // The simulated choice, the search, the trim and the fill (no plan in the band), stock.
@@ -1252,4 +1257,6 @@ TEST_CASE("peak oracle: a budget plan measured well under its target is raised t
   };
   const PlanResult same = plan(graph, exact);
   CHECK(same.stats.recompute_seconds == Approx(simulated.stats.recompute_seconds));
+  // Its raise measured over the target: the least such figure.
+  CHECK(same.stats.measured_nearest_over > target);
 }

@@ -187,7 +187,8 @@ def test_budget_section_judges_each_byte_budget_against_its_target():
     rs = [row("stock", "whole compile", 100, None),
           row("hyper_ac", "full", 40, None),
           row("hyper_ac", "budget 0.9× stock peak", 89.5, None),   # 0.994 of target: met
-          row("hyper_ac", "budget 0.7× stock peak", 60, None),     # 0.857: under
+          # 0.857: under; its search measured a plan 0.1% over the target (70.07 MiB against 70)
+          row("hyper_ac", "budget 0.7× stock peak", 60, None, nearest_over_bytes=int(70.07 * MiB)),
           row("hyper_ac", "budget 0.6× stock peak", 61, None),     # over, and above 0.7's: not monotone
           row("hyper_ac", "budget 0.3× stock peak", 38, None),     # under the least other peak: the floor
           row("hyper_ac_block", "budget 0.5", 20, None)]           # per-block fractions are not byte budgets
@@ -199,4 +200,22 @@ def test_budget_section_judges_each_byte_budget_against_its_target():
     assert "2 of 4 met" in line and "**not monotone**" in line and "0.950× `full`'s (0.400×)" in line
     assert fr.budget_section("other", rs) == []
     page = fr.render_frontier_markdown(_meta("python -m benchmarks", ["hyper_ac"], 1.0), rs)
-    assert "Byte budgets against their targets" in page and "| budget 0.7× stock peak | 0.600× | 0.857 | **under** |" in page
+    assert "Byte budgets against their targets" in page
+    assert "| budget 0.7× stock peak | 0.600× | 0.857 | 1.0010 | **under** |" in page
+    assert "| budget 0.9× stock peak | 0.895× | 0.994 | – | met |" in page  # no plan measured over
+
+
+def test_the_plan_of_one_graph_gives_the_nearest_plan_measured_over():
+    from types import SimpleNamespace
+
+    from benchmarks.frontier import planned_columns
+
+    def planned(**stats):
+        return SimpleNamespace(stats=stats)
+
+    assert planned_columns([planned(measured_nearest_over=1234, oracle_calls=5)]) == {"nearest_over_bytes": 1234}
+    assert planned_columns([planned(measured_nearest_over=-1, oracle_calls=2)]) == {}  # none measured over
+    assert planned_columns([planned(oracle_calls=0)]) == {}                            # no oracle
+    # Several graphs (per-block compile, graph breaks): no one search to speak for the step.
+    assert planned_columns([planned(measured_nearest_over=1), planned(measured_nearest_over=2)]) == {}
+    assert planned_columns([]) == {}

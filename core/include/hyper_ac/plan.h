@@ -177,6 +177,11 @@ struct PlanStats {
   // asked or known). The plan measured at or under it: stock was not measured
   // (measured_stock_peak -1).
   std::int64_t measured_stock_lower_bound = -1;
+  // budget: the least measured peak of the plans measured over the target
+  // (beyond the resident values, as measured_peak_after); -1: none was. A plan
+  // kept more than kBudgetMeasuredSlack under with this a hair over its target
+  // is a step of the plans, not a search that stopped short.
+  std::int64_t measured_nearest_over = -1;
   std::size_t oracle_calls = 0;
   bool measured_fallback = false;
   // full / selective with regions.output_recompute: the plan with it measured
