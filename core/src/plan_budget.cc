@@ -108,10 +108,10 @@ void note_over(MeasuredSearch& state, const Tried& tried, const Evaluation& plan
 // target (the memory is the user's to spend) among those that recompute within
 // kRecomputeTieFraction of the least; ties: less recompute.
 void keep_fitting(MeasuredSearch& state, const Evaluation& plan, std::int64_t bytes) {
+  state.least_seconds =
+      state.fitting.empty() ? plan.recompute_seconds : std::min(state.least_seconds, plan.recompute_seconds);
   state.fitting.emplace_back(plan, bytes);
-  double least = plan.recompute_seconds;
-  for (const auto& [evaluation, _] : state.fitting) least = std::min(least, evaluation.recompute_seconds);
-  state.least_seconds = least;
+  const double least = state.least_seconds;
   const std::pair<Evaluation, std::int64_t>* best = nullptr;
   for (const auto& entry : state.fitting) {
     if (entry.first.recompute_seconds > least * (1.0 + kRecomputeTieFraction)) continue;
@@ -127,16 +127,16 @@ void keep_fitting(MeasuredSearch& state, const Evaluation& plan, std::int64_t by
 bool left_optional(Policy tag) { return tag == Policy::PreferRecompute || tag == Policy::PreferSave; }
 
 // Of the plans that set one candidate's policy in `base` to `to` (candidates in
-// order, each evaluated, at most `cap` evaluations counted in `evaluations`),
+// order, each evaluated, at most `cap` evaluations counted in `evaluations`;
+// `schedule` and `seconds` are the caller's, shared by its probes),
 // the one `accepted` with the highest simulated peak (nearest the target from
 // below; ties: less recompute). None: nothing accepted.
 template <typename Accept>
 std::optional<Evaluation> best_single_change(const Graph& graph, const detail::NodeIndex& index,
-                                             const StageOptions& stages, PlanResult& result, const Evaluation& base,
+                                             const StageOptions& stages, const RematOptions& schedule,
+                                             SecondsCache& seconds, PlanResult& result, const Evaluation& base,
                                              const std::vector<std::pair<double, std::int32_t>>& candidates, Policy to,
                                              const Accept& accepted, std::size_t& evaluations, std::size_t cap) {
-  const RematOptions schedule = unit_schedule(result.scope);
-  SecondsCache seconds;
   std::optional<Evaluation> best;
   for (const auto& candidate : candidates) {
     if (evaluations >= cap) break;
@@ -251,6 +251,8 @@ void trim_over_plan(const Graph& graph, const detail::NodeIndex& index, const St
   const double slack = kBudgetMeasuredSlack * static_cast<double>(target);
   const std::vector<Policy>& tags = result.tags.policies;
   const std::size_t cap = descent_cap(graph);
+  const RematOptions schedule = unit_schedule(result.scope);
+  SecondsCache seconds;
   Evaluation base = *state.over_plan;
   std::int64_t base_bytes = state.over->measured;
   std::size_t evaluations = 0;
@@ -267,7 +269,7 @@ void trim_over_plan(const Graph& graph, const detail::NodeIndex& index, const St
                      [](const auto& a, const auto& b) { return a.first < b.first; });
     const double allowed_seconds = state.least_seconds * (1.0 + kRecomputeTieFraction);
     std::optional<Evaluation> best = best_single_change(
-        graph, index, stages, result, base, candidates, Policy::PreferRecompute,
+        graph, index, stages, schedule, seconds, result, base, candidates, Policy::PreferRecompute,
         [&](const Evaluation& e) {
           return base.simulated_peak_bytes - e.simulated_peak_bytes >= excess && e.recompute_seconds <= allowed_seconds;
         },
@@ -298,6 +300,8 @@ void fill_kept_plan(const Graph& graph, const detail::NodeIndex& index, const St
   const double slack = kBudgetMeasuredSlack * static_cast<double>(target);
   const std::vector<Policy>& tags = result.tags.policies;
   const std::size_t cap = descent_cap(graph);
+  const RematOptions schedule = unit_schedule(result.scope);
+  SecondsCache seconds;
   std::size_t evaluations = 0;
   for (std::size_t probe = 0; probe < kOracleFillProbes; ++probe) {
     if (static_cast<double>(target - state.kept_bytes) <= slack) return;
@@ -314,7 +318,7 @@ void fill_kept_plan(const Graph& graph, const detail::NodeIndex& index, const St
     std::stable_sort(candidates.begin(), candidates.end(),
                      [](const auto& a, const auto& b) { return a.first > b.first; });
     std::optional<Evaluation> best = best_single_change(
-        graph, index, stages, result, base, candidates, Policy::PreferSave,
+        graph, index, stages, schedule, seconds, result, base, candidates, Policy::PreferSave,
         [&](const Evaluation& e) {
           return e.simulated_peak_bytes - base.simulated_peak_bytes <= gap && e.recompute_seconds < base.recompute_seconds;
         },
