@@ -112,7 +112,8 @@ bool uses_measured_time(const Node& node, const CostOptions& options);
 // forward as one replay set (recompute_seconds of every forward
 // call_function: fusion groups under inductor) plus every backward
 // call_function node at its own time (measured where uses_measured_time,
-// else its roofline). The base `auto`'s knee rule takes its 2% of (plan.h).
+// else its roofline). The base `auto`'s knee rule takes its kKneeSlowdown of
+// (plan.h).
 double step_seconds(const Graph& graph, const CostOptions& options);
 
 // Cost of replaying the set `nodes`. Eager: the sum of recompute_seconds (each
