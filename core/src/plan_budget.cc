@@ -84,13 +84,14 @@ double measured_slope(const std::optional<Tried>& a, const std::optional<Tried>&
 
 // What the measured search knows: the highest plan that fit and the lowest
 // over (by simulated target) with the plan it measured, every plan that fit
-// with its measured bytes, and the kept plan among those (keep_fitting).
+// with its measured bytes, and which of those is kept (keep_fitting).
 struct MeasuredSearch {
   std::optional<Tried> fits, over;
   std::optional<Evaluation> over_plan;  // the plan `over` measured
   std::vector<std::pair<Evaluation, std::int64_t>> fitting;
-  std::optional<Evaluation> kept;
+  std::optional<std::size_t> kept;  // index into `fitting`
   std::int64_t kept_bytes = -1;
+  const Evaluation& kept_plan() const { return fitting[*kept].first; }
   double least_seconds = 0.0;  // the least recompute of the plans that fit
   std::int64_t least_over = -1;  // the least measured of the plans over; -1: none
 };
@@ -112,15 +113,17 @@ void keep_fitting(MeasuredSearch& state, const Evaluation& plan, std::int64_t by
       state.fitting.empty() ? plan.recompute_seconds : std::min(state.least_seconds, plan.recompute_seconds);
   state.fitting.emplace_back(plan, bytes);
   const double least = state.least_seconds;
-  const std::pair<Evaluation, std::int64_t>* best = nullptr;
-  for (const auto& entry : state.fitting) {
+  std::optional<std::size_t> best;
+  for (std::size_t k = 0; k < state.fitting.size(); ++k) {
+    const auto& entry = state.fitting[k];
     if (entry.first.recompute_seconds > least * (1.0 + kRecomputeTieFraction)) continue;
-    if (!best || entry.second > best->second ||
-        (entry.second == best->second && entry.first.recompute_seconds < best->first.recompute_seconds))
-      best = &entry;
+    if (!best || entry.second > state.fitting[*best].second ||
+        (entry.second == state.fitting[*best].second &&
+         entry.first.recompute_seconds < state.fitting[*best].first.recompute_seconds))
+      best = k;
   }
-  state.kept = best->first;
-  state.kept_bytes = best->second;
+  state.kept = best;
+  state.kept_bytes = state.fitting[*best].second;
 }
 
 // A tag that leaves the plan free to save or recompute the node.
@@ -305,7 +308,7 @@ void fill_kept_plan(const Graph& graph, const detail::NodeIndex& index, const St
   std::size_t evaluations = 0;
   for (std::size_t probe = 0; probe < kOracleFillProbes; ++probe) {
     if (static_cast<double>(target - state.kept_bytes) <= slack) return;
-    const Evaluation base = *state.kept;
+    const Evaluation base = state.kept_plan();
     const std::int64_t gap = target - state.kept_bytes;
     std::vector<char> seen(graph.nodes.size(), 0);
     std::vector<std::pair<double, std::int32_t>> candidates;
@@ -505,7 +508,7 @@ void continue_budget_on_measured(const Graph& graph, const detail::NodeIndex& in
   }
   trim_over_plan(graph, index, stages, measured, target, result, state);
   fill_kept_plan(graph, index, stages, measured, target, result, state);
-  if (state.kept) chosen = std::move(*state.kept);
+  if (state.kept) chosen = std::move(state.fitting[*state.kept].first);
   const std::int64_t kept_bytes = state.kept_bytes;
   result.stats.budget_met = kept_bytes <= target;
   result.stats.measured_peak_after = kept_bytes;
