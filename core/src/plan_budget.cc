@@ -508,7 +508,7 @@ void continue_budget_on_measured(const Graph& graph, const detail::NodeIndex& in
   }
   trim_over_plan(graph, index, stages, measured, target, result, state);
   fill_kept_plan(graph, index, stages, measured, target, result, state);
-  if (state.kept) chosen = std::move(state.fitting[*state.kept].first);
+  if (state.kept) chosen = state.kept_plan();
   const std::int64_t kept_bytes = state.kept_bytes;
   result.stats.budget_met = kept_bytes <= target;
   result.stats.measured_peak_after = kept_bytes;

@@ -1292,4 +1292,3 @@ TEST_CASE("peak oracle: a budget plan measured well under its target is raised t
   // Its raise measured over the target: the least such figure.
   CHECK(same.stats.measured_nearest_over > target);
 }
-
