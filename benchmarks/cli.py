@@ -39,7 +39,7 @@ import traceback
 from pathlib import Path
 from typing import Optional
 
-from benchmarks.common import DEFAULT_MODELS, INDUCTOR, ModelSpec, hac_strategy_config, QUICK_MODELS, QUICK_STRATEGIES, STRATEGIES, ScalingOptions, _first_line
+from benchmarks.common import DEFAULT_MODELS, INDUCTOR, TIERS, ModelSpec, hac_strategy_config, QUICK_MODELS, QUICK_STRATEGIES, STRATEGIES, ScalingOptions, _first_line
 from benchmarks.step import StepOptions, run_frontier_points, run_step_benchmark
 from benchmarks.scaling import run_scaling
 from benchmarks.report import STEP_COLUMNS, _write_csv, render_markdown, render_plots
@@ -85,6 +85,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--frontier-points", nargs="+", default=None, metavar="P",
                         help="frontier part: only the points of these names (as the table's point column, e.g. "
                              "'auto (measured)'), stock's always")
+    parser.add_argument("--tiers", nargs="+", default=None, choices=list(TIERS), metavar="T",
+                        help="frontier part: measure each of these tiers, at its own shape and models (bench: "
+                             f"{' '.join(TIERS['bench'].models)}; realistic: {' '.join(TIERS['realistic'].models)} at "
+                             "8 layers, hidden 512, seq 512, batch 2), in one run onto one page; --models keeps "
+                             "those of each tier's models")
     parser.add_argument("--frontier-merge", default=None, metavar="DIR",
                         help="frontier part: write DIR's earlier page with this run's rows in place of the same "
                              "points (stock's rows stay DIR's; the header names both commands)")
@@ -105,7 +110,35 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.paired_rounds < 0:
         parser.error(f"--paired-rounds must be >= 0, got {args.paired_rounds}")
+    if args.tiers:
+        if args.parts != ["frontier"]:
+            parser.error(f"--tiers is for the frontier part alone (--parts frontier), got --parts {' '.join(args.parts)}")
+        shaped = [flag for flag in ("quick", "layers", "hidden", "seq", "batch") if getattr(args, flag)]
+        if shaped:
+            parser.error(f"--tiers sets each tier's shape: drop {', '.join('--' + f for f in shaped)}, or drop "
+                         "--tiers to measure one shape")
+        if args.frontier_merge:
+            parser.error("--tiers writes a page of its own: drop --frontier-merge")
+        known = {m for name in args.tiers for m in TIERS[name].models}
+        unknown = [m for m in args.models or () if m not in known]
+        if unknown:
+            parser.error(f"--models {' '.join(unknown)}: in none of the tiers {' '.join(args.tiers)} "
+                         f"(their models: {' '.join(sorted(known))})")
     return args
+
+
+def frontier_groups(args: argparse.Namespace, spec: ModelSpec, models: tuple) -> list[tuple]:
+    """What the frontier part measures, as (tier name or None, shape, models): each tier of
+    ``--tiers`` with its models (those of ``--models`` when given), else the one shape."""
+    if not args.tiers:
+        return [(None, spec, models)]
+    groups = []
+    for name in dict.fromkeys(args.tiers):
+        tier = TIERS[name]
+        chosen = tuple(m for m in tier.models if not args.models or m in args.models)
+        if chosen:
+            groups.append((name, dataclasses.replace(tier.spec, dropout=args.dropout), chosen))
+    return groups
 
 
 def base_meta(argv: list[str], commit: str, load: str) -> dict:
@@ -132,30 +165,40 @@ def base_meta(argv: list[str], commit: str, load: str) -> dict:
 
 def _run_frontier(args: argparse.Namespace, argv: list[str], spec: ModelSpec, models: tuple, out_dir: Path,
                   commit: str, load: str, log) -> None:
-    """The frontier part (benchmarks.frontier) into ``out_dir``: results.md, frontier.csv, plots, meta.json."""
+    """The frontier part (benchmarks.frontier) into ``out_dir``: results.md, frontier.csv, plots, meta.json;
+    with ``--tiers`` every tier in turn onto the one page."""
     import torch
 
     from benchmarks.frontier import run_frontier
-    from benchmarks.frontier_report import merge_frontier, read_frontier, write_frontier
+    from benchmarks.frontier_report import merge_frontier, read_frontier, section, write_frontier
 
     started = time.perf_counter()
-    log(f"frontier: {len(models)} model(s), {spec}, {args.paired_rounds} paired rounds per point")
-    meta = {**base_meta(argv, commit, load), "spec": dataclasses.asdict(spec), "quick": args.quick,
-            "models": list(models), "systems": list(args.frontier_systems or FRONTIER_SYSTEMS),
+    groups = frontier_groups(args, spec, models)
+    meta = {**base_meta(argv, commit, load), "spec": dataclasses.asdict(groups[0][1]), "quick": args.quick,
+            "models": [f"{tier}/{m}" if tier else m for tier, _, chosen in groups for m in chosen],
+            "systems": list(args.frontier_systems or FRONTIER_SYSTEMS),
             "threads": torch.get_num_threads(), "paired_rounds": args.paired_rounds}
+    if args.tiers:
+        meta["tiers"] = {name: {"spec": dataclasses.asdict(shape), "models": list(chosen)}
+                         for name, shape, chosen in groups}
 
     base = read_frontier(Path(args.frontier_merge)) if args.frontier_merge else None
+    done: list[dict] = []  # the rows of the tiers measured before this one
 
     def write(rows: list) -> None:  # after each point: a run cut short keeps what it measured
-        meta["models_done"] = list(dict.fromkeys(r["model"] for r in rows))
+        rows = done + rows
+        meta["models_done"] = list(dict.fromkeys(section(r) for r in rows))
         meta["total_seconds"] = time.perf_counter() - started
         page_meta, page_rows = meta, [dict(r) for r in rows]
         if base is not None:
             page_meta, page_rows = merge_frontier(*base, meta, page_rows)
         write_frontier(out_dir, page_meta, page_rows, plots=not (args.no_plots or args.quick), log=log)
 
-    run_frontier(models, StepOptions(spec, paired_rounds=args.paired_rounds), log, args.frontier_systems,
-                 on_model=write, point_names=args.frontier_points)
+    for tier, shape, chosen in groups:
+        log(f"frontier: {len(chosen)} model(s)" + (f" of the {tier} tier" if tier else "") +
+            f", {shape}, {args.paired_rounds} paired rounds per point")
+        done += run_frontier(chosen, StepOptions(shape, paired_rounds=args.paired_rounds), log,
+                             args.frontier_systems, on_model=write, point_names=args.frontier_points, tier=tier)
     log(f"wrote {out_dir}/results.md ({meta['total_seconds']:.0f} s)")
 
 

@@ -131,6 +131,21 @@ class ModelSpec:
     dropout: float = 0.0  # every dropout of the model (HF's default is 0.1); replayed under rng: replay
 
 
+@dataclasses.dataclass(frozen=True)
+class Tier:
+    """One shape of the frontier part and the models measured at it (``--tiers``)."""
+    spec: ModelSpec
+    models: tuple
+
+
+#: The frontier's tiers: the bench models at the default shape, where logits, parameters and
+#: gradients set much of the peak, and the realistic tier (issue 37), where activations do.
+TIERS = {
+    "bench": Tier(ModelSpec(), ("llama", "gpt2", "mixtral", "bert", "transformer")),
+    "realistic": Tier(ModelSpec(layers=8, hidden=512, seq=512, batch=2), ("llama", "gpt2", "mixtral")),
+}
+
+
 def build_model(name: str, spec: ModelSpec):
     from hyper_ac import models
 

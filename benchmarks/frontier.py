@@ -350,9 +350,11 @@ def measure_point(name: str, point: Point, opts: StepOptions, stock_peak: Option
 def run_frontier(models: Sequence[str], opts: StepOptions, log: Callable[[str], None],
                  systems: Optional[Sequence[str]] = None,
                  on_model: Optional[Callable[[list], None]] = None,
-                 point_names: Optional[Sequence[str]] = None) -> list[dict]:
+                 point_names: Optional[Sequence[str]] = None, tier: Optional[str] = None) -> list[dict]:
     """Every point of every model; a failing point records its error and the run goes on;
     ``on_model(rows so far)`` after each point (so a run cut short keeps what it measured).
+    ``tier``: the name of the tier (``benchmarks.common.TIERS``) the rows are marked with, for a
+    page of several tiers.
     The first point (stock, whole compile) is the reference: its peak sizes hyper_ac's
     byte budgets, its gradients are the allclose reference; it is measured whatever ``systems``
     and ``point_names`` (point names as the table shows them) choose."""
@@ -377,6 +379,8 @@ def run_frontier(models: Sequence[str], opts: StepOptions, log: Callable[[str], 
                 if os.environ.get("HYPER_AC_BENCH_TRACEBACK"):
                     traceback.print_exc()
             row["wall_seconds"] = time.perf_counter() - t0
+            if tier is not None:
+                row["tier"] = tier
             if i == 0 and result is not None:
                 stock_peak, reference = row["peak_bytes"], result
                 row["grads_allclose"], row["max_grad_diff"] = True, 0.0

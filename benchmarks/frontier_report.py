@@ -20,12 +20,24 @@ BUDGET_SLACK = 0.01
 
 #: The frontier table's columns, in order, with the type a run gives each value (read_frontier reads them back so).
 FRONTIER_COLUMN_TYPES = {
-    "model": str, "system": str, "point": str, "status": str, "error": str, "peak_bytes": int, "peak_ratio": float,
+    "model": str, "tier": str, "system": str, "point": str, "status": str, "error": str, "peak_bytes": int, "peak_ratio": float,
     "step_ratio": float, "paired_step_ratio_q1": float, "paired_step_ratio_q3": float, "paired_step_seconds": float,
     "paired_stock_step_seconds": float, "paired_rounds": int, "dominated_by": str, "grads_allclose": bool,
     "max_grad_diff": float, "compile_seconds": float, "wall_seconds": float, "nearest_over_bytes": int,
 }
 FRONTIER_COLUMNS = list(FRONTIER_COLUMN_TYPES)
+
+
+def section(row: dict) -> str:
+    """The page section a row belongs to: its model, or ``tier/model`` on a page of several
+    tiers (``--tiers``), whose stock, ratios, dominance and budgets are each tier's own."""
+    return f"{row['tier']}/{row['model']}" if row.get("tier") else row["model"]
+
+
+def section_title(name: str) -> str:
+    """A section's heading: the model, with its tier where it has one."""
+    tier, _, model = name.rpartition("/")
+    return f"{model} ({tier} tier)" if tier else model
 
 
 def label(row: dict) -> str:
@@ -39,10 +51,10 @@ def _ok(row: dict) -> bool:
 def add_ratios(rows: list[dict]) -> None:
     """Per model: peak / stock's peak (stock = the first ``stock whole compile`` row) and the
     step ratio (the paired median of per-round ratios to stock)."""
-    stock = {r["model"]: r for r in rows if r["system"] == "stock" and r["point"] == "whole compile"
+    stock = {section(r): r for r in rows if r["system"] == "stock" and r["point"] == "whole compile"
              and r.get("status") == "ok"}
     for r in rows:
-        base = stock.get(r["model"])
+        base = stock.get(section(r))
         if r.get("status") != "ok" or base is None or not base.get("peak_bytes"):
             continue
         r["peak_ratio"] = r["peak_bytes"] / base["peak_bytes"]
@@ -60,7 +72,7 @@ def add_dominance(rows: list[dict]) -> None:
     for r in rows:
         if r["system"] in HAC_SYSTEMS or not _ok(r):
             continue
-        hac = [h for h in rows if h["model"] == r["model"] and h["system"] in HAC_SYSTEMS and _ok(h)
+        hac = [h for h in rows if section(h) == section(r) and h["system"] in HAC_SYSTEMS and _ok(h)
                and dominates(h, r)]
         best = min(hac, key=lambda h: (h["peak_ratio"], h["step_ratio"]), default=None)
         r["dominated_by"] = NOT_DOMINATED if best is None else label(best)
@@ -86,15 +98,15 @@ def _least(rows: list[dict]) -> Optional[dict]:
 
 def least_memory_line(model: str, rows: list[dict]) -> str:
     """hyper_ac's least-memory point against every other system's least-memory point."""
-    mine = [r for r in rows if r["model"] == model]
+    mine = [r for r in rows if section(r) == model]
     hac = _least([r for r in mine if r["system"] in HAC_SYSTEMS])
     if hac is None:
         peaks = [r for r in mine if r["system"] in HAC_SYSTEMS and r.get("status") == "ok"
                  and r.get("peak_ratio") is not None]
         if not peaks:
-            return f"- {model}: no hyper_ac point measured."
+            return f"- {section_title(model)}: no hyper_ac point measured."
         least = min(peaks, key=lambda r: r["peak_ratio"])
-        return (f"- {model}: peaks only (no step timed: `--paired-rounds 0`); hyper_ac's least peak is "
+        return (f"- {section_title(model)}: peaks only (no step timed: `--paired-rounds 0`); hyper_ac's least peak is "
                 f"{label(least)}, {least['peak_ratio']:.3f}× stock's.")
     parts, below_all = [], True
     for system in dict.fromkeys(r["system"] for r in mine if r["system"] not in HAC_SYSTEMS):
@@ -104,7 +116,7 @@ def least_memory_line(model: str, rows: list[dict]) -> str:
         below_all &= hac["peak_ratio"] <= other["peak_ratio"]
         parts.append(f"{label(other)} {other['peak_ratio']:.3f}× at {other['step_ratio']:.2f}× step")
     verdict = "at or below every other system's" if below_all else "**above** at least one other system's"
-    return (f"- {model}: hyper_ac's least memory, {label(hac)}, {hac['peak_ratio']:.3f}× stock's peak at "
+    return (f"- {section_title(model)}: hyper_ac's least memory, {label(hac)}, {hac['peak_ratio']:.3f}× stock's peak at "
             f"{hac['step_ratio']:.2f}× its step, is {verdict} least-memory point: " + "; ".join(parts) + ".")
 
 
@@ -114,7 +126,7 @@ def budget_rows(model: str, rows: list[dict]) -> list[dict]:
     search measured over the target, / target; None: none recorded) and ``verdict``: ``met``
     (within BUDGET_SLACK under), ``under``, ``over`` or ``unreachable`` (target under the least
     peak any whole-model hyper_ac point measured, that peak within BUDGET_SLACK of it: the floor)."""
-    mine = [r for r in rows if r["model"] == model and r["system"] == "hyper_ac" and r.get("status") == "ok"
+    mine = [r for r in rows if section(r) == model and r["system"] == "hyper_ac" and r.get("status") == "ok"
             and r.get("peak_ratio") is not None]
     if not mine:
         return []
@@ -149,7 +161,7 @@ def budget_section(model: str, rows: list[dict]) -> list[str]:
         return []
     met = sum(b["verdict"] in ("met", "unreachable") for b in budgets)
     monotone = all(later["peak_ratio"] <= earlier["peak_ratio"] for earlier, later in zip(budgets, budgets[1:]))
-    full = next((r for r in rows if r["model"] == model and r["system"] == "hyper_ac" and r["point"] == "full"
+    full = next((r for r in rows if section(r) == model and r["system"] == "hyper_ac" and r["point"] == "full"
                  and r.get("status") == "ok" and r.get("peak_ratio") is not None), None)
     least = min(b["peak_ratio"] for b in budgets)
     against_full = ("" if full is None else
@@ -182,7 +194,7 @@ def model_table(model: str, rows: list[dict]) -> str:
     header = ["system", "point", "peak MiB", "peak ×stock", "step ×stock (paired) [q1–q3]", "dominated by",
               "grads allclose"]
     body = []
-    for r in (r for r in rows if r["model"] == model):
+    for r in (r for r in rows if section(r) == model):
         if r.get("status") != "ok":
             body.append([r["system"], r["point"], f"error: {r.get('error', '')}".replace("|", "\\|"), "", "", "", ""])
             continue
@@ -213,28 +225,44 @@ INTRO = (
     "(reported, not asserted).")
 
 
+def plot_file(name: str) -> str:
+    """The plot of one section (``frontier_<model>.png``, ``frontier_<tier>_<model>.png``)."""
+    return f"frontier_{name.replace('/', '_')}.png"
+
+
+def shape_line(meta: dict) -> str:
+    """The shapes measured: one line, or one per tier on a page of several tiers."""
+    def shape(spec: dict) -> str:
+        return (f"{spec.get('layers')} layers, hidden {spec.get('hidden')}, seq {spec.get('seq')}, batch "
+                f"{spec.get('batch')}, dropout {spec.get('dropout', 0.0)}")
+
+    tail = (f"fp32, {meta.get('threads', '?')} torch thread(s), {meta.get('paired_rounds', '?')} paired rounds per "
+            f"point. Models measured: {', '.join(meta.get('models_done', meta.get('models', [])))} (of "
+            f"{', '.join(meta.get('models', []))} asked).")
+    tiers = meta.get("tiers")
+    if not tiers:
+        return f"Models at {shape(meta.get('spec', {}))}, {tail}"
+    return ("Tiers, one run: " + "; ".join(f"{name} ({', '.join(tier['models'])}) at {shape(tier['spec'])}"
+                                           for name, tier in tiers.items()) + f"; {tail}")
+
+
 def render_frontier_markdown(meta: dict, rows: list[dict]) -> str:
-    spec = meta.get("spec", {})
     out = ["# The memory/time frontier under Inductor", ""]
     out += provenance_header(meta) + [""]
-    out += [f"Models at {spec.get('layers')} layers, hidden {spec.get('hidden')}, seq {spec.get('seq')}, batch "
-            f"{spec.get('batch')}, dropout {spec.get('dropout', 0.0)}, fp32, {meta.get('threads', '?')} torch thread(s), "
-            f"{meta.get('paired_rounds', '?')} paired rounds per point. Models measured: "
-            f"{', '.join(meta.get('models_done', meta.get('models', [])))} (of {', '.join(meta.get('models', []))} asked).",
-            "", INTRO, ""]
-    models = list(dict.fromkeys(r["model"] for r in rows))
+    out += [shape_line(meta), "", INTRO, ""]
+    models = list(dict.fromkeys(section(r) for r in rows))
     out += ["## Least memory per system", ""] + [least_memory_line(m, rows) for m in models] + [""]
     for m in models:
-        mine = [r for r in rows if r["model"] == m]
+        mine = [r for r in rows if section(r) == m]
         others = [r for r in mine if r["system"] not in HAC_SYSTEMS and _ok(r)]
         beaten = sum(r.get("dominated_by") not in (None, NOT_DOMINATED) for r in others)
         line = frontier_line([r for r in mine if r["system"] in HAC_SYSTEMS])
         if not line:  # no step timed (--paired-rounds 0): no dominance, no frontier, no plot
-            out += [f"## {m}", "", "Peaks only: no point's step was timed.", "", model_table(m, rows), ""]
+            out += [f"## {section_title(m)}", "", "Peaks only: no point's step was timed.", "", model_table(m, rows), ""]
             out += budget_section(m, rows)
             continue
-        plot = f" Plot: `frontier_{m}.png`." if f"frontier_{m}.png" in meta.get("plots", []) else ""
-        out += [f"## {m}", "", f"{beaten} of {len(others)} other points dominated by a hyper_ac point. "
+        plot = f" Plot: `{plot_file(m)}`." if plot_file(m) in meta.get("plots", []) else ""
+        out += [f"## {section_title(m)}", "", f"{beaten} of {len(others)} other points dominated by a hyper_ac point. "
                 f"hyper_ac's frontier: " + ", ".join(f"{label(r)} ({r['peak_ratio']:.3f}×, {r['step_ratio']:.3f}×)"
                                                      for r in line) + f".{plot}", "",
                 model_table(m, rows), ""]
@@ -296,8 +324,8 @@ def render_frontier_plots(out_dir: Path, rows: list[dict], log: Callable[[str], 
     markers = {"stock": "o", "torch_budget": "s", "checkpoint_wrapper": "^", "sac": "v", "hf_ckpt": "D",
                "hyper_ac": "*", "hyper_ac_block": "P"}
     written = []
-    for m in dict.fromkeys(r["model"] for r in rows):
-        mine = [r for r in rows if r["model"] == m and _ok(r)]
+    for m in dict.fromkeys(section(r) for r in rows):
+        mine = [r for r in rows if section(r) == m and _ok(r)]
         if not mine:
             continue
         fig, ax = plt.subplots(figsize=(8, 5.5))
@@ -321,8 +349,8 @@ def render_frontier_plots(out_dir: Path, rows: list[dict], log: Callable[[str], 
         ax.set_ylabel("peak memory of one step (MiB)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-        ax.set_title(f"{m}: memory vs step time under Inductor")
-        save_plot(fig, out_dir / f"frontier_{m}.png", written)
+        ax.set_title(f"{section_title(m)}: memory vs step time under Inductor")
+        save_plot(fig, out_dir / plot_file(m), written)
     return written
 
 
@@ -352,7 +380,7 @@ def read_frontier(out_dir: Path) -> tuple[dict, list[dict]]:
     rows = []
     with open(out_dir / "frontier.csv", newline="") as f:
         for record in csv.DictReader(f):
-            row: dict = {}
+            row: dict = dict.fromkeys(FRONTIER_COLUMNS)  # a column an older page lacks (tier) reads as unset
             for key, text in record.items():
                 kind = FRONTIER_COLUMN_TYPES.get(key, str)
                 if text == "":
@@ -375,16 +403,16 @@ def merge_frontier(base_meta: dict, base_rows: list[dict], meta: dict, rows: lis
     rows stay the earlier run's: each row's step is paired with its own stock compile, and peaks are
     exact, so rows of the two runs compare. A model without stock rows on the earlier page takes
     this run's. The meta names both commands."""
-    key = lambda r: (r["model"], r["system"], r["point"])  # noqa: E731
+    key = lambda r: (section(r), r["system"], r["point"])  # noqa: E731
     # A model without stock rows on the earlier page takes this run's: its ratios are to them.
-    known = {r["model"] for r in base_rows if r["system"] == "stock"}
-    fresh = {key(r): r for r in rows if r["system"] != "stock" or r["model"] not in known}
+    known = {section(r) for r in base_rows if r["system"] == "stock"}
+    fresh = {key(r): r for r in rows if r["system"] != "stock" or section(r) not in known}
     merged = [dict(fresh.pop(key(r), r)) for r in base_rows]
     for r in rows:
         if key(r) not in fresh:
             continue
-        same = [i for i, m in enumerate(merged) if m["model"] == r["model"] and m["system"] == r["system"]]
-        model = [i for i, m in enumerate(merged) if m["model"] == r["model"]]
+        same = [i for i, m in enumerate(merged) if section(m) == section(r) and m["system"] == r["system"]]
+        model = [i for i, m in enumerate(merged) if section(m) == section(r)]
         at = (same or model or [len(merged) - 1])[-1] + 1
         merged.insert(at, dict(fresh.pop(key(r))))
     out = dict(base_meta)
