@@ -464,7 +464,8 @@ Scope detail::resolve_scope(const Graph& graph, const NodeIndex& index, const Sc
       throw NoUnitsError("no units found: " + model +
                        "its module stacks show no container with two or more children of one module type; "
                        "activation checkpointing cannot find the units (repeated blocks) to checkpoint; "
-                       "when the compiled graph is itself one block (per-block compile), set ac_scope: unit_graph");
+                       "when the compiled graph is itself one block (per-block compile), set ac_scope: unit_graph; "
+                       "for a model without repeated blocks, ac_mode auto or budget plans the graph as one region");
     }
   }
 

@@ -612,6 +612,8 @@ TEST_CASE("unitless_to_stock routes a graph without units to stock, with a warni
   REQUIRE(result.diagnostics.size() == 1);
   CHECK(result.diagnostics[0].severity == Severity::Warning);
   CHECK_THAT(result.diagnostics[0].message, Catch::Contains("left without activation checkpointing: no units found"));
+  // ... and says what plans such a graph: the modes that take it as one region.
+  CHECK_THAT(result.diagnostics[0].message, Catch::Contains("ac_mode auto or budget plans the graph as one region"));
   CHECK(plan_to_json(graph, result).find(R"("route":"stock","route_reason":"no_units")") != std::string::npos);
   // A graph with units is planned as ever.
   const Graph units = activation_heavy(2).graph();
