@@ -219,3 +219,65 @@ def test_the_plan_of_one_graph_gives_the_nearest_plan_measured_over():
     # Several graphs (per-block compile, graph breaks): no one search to speak for the step.
     assert planned_columns([planned(measured_nearest_over=1), planned(measured_nearest_over=2)]) == {}
     assert planned_columns([]) == {}
+
+
+def two_tiers():
+    """One model at two tiers: the same point names, different stock peaks."""
+    return ([dict(r, tier="bench") for r in rows()[:-1]]
+            + [dict(row("stock", "whole compile", 400, 1.00, grads_allclose=True), tier="realistic"),
+               dict(row("hyper_ac", "full", 160, 1.30), tier="realistic"),
+               dict(row("hyper_ac", "budget 0.5× stock peak", 198, 1.10), tier="realistic"),
+               dict(row("torch_budget", "0.5", 250, 1.20), tier="realistic")])
+
+
+def test_a_page_of_two_tiers_judges_each_tier_against_its_own_stock(tmp_path):
+    rs = two_tiers()
+    meta = {**_meta("python -m benchmarks --tiers bench realistic", ["hyper_ac"], 1.0),
+            "tiers": {"bench": {"spec": {"layers": 4, "hidden": 128, "seq": 128, "batch": 4}, "models": ["m"]},
+                      "realistic": {"spec": {"layers": 8, "hidden": 512, "seq": 512, "batch": 2}, "models": ["m"]}}}
+    fr.write_frontier(tmp_path, meta, rs, plots=False, log=print)
+    by = {(r["tier"], fr.label(r)): r for r in rs}
+    # ratios are to each tier's own stock: 160 / 400, not 160 / 100
+    assert by[("realistic", "hyper_ac full")]["peak_ratio"] == 0.4
+    assert by[("bench", "hyper_ac full")]["peak_ratio"] == 0.49
+    # dominance stays within a tier: the bench tier's auto (60 MiB) does not dominate the realistic point
+    assert by[("realistic", "torch_budget 0.5")]["dominated_by"] == "hyper_ac budget 0.5× stock peak"
+    assert by[("bench", "torch_budget 0.5")]["dominated_by"] == "hyper_ac full"
+    # the budget's verdict is against the realistic stock: 198 / (0.5 x 400) = 0.99, met
+    assert [b["verdict"] for b in fr.budget_rows("realistic/m", rs)] == ["met"]
+    text = (tmp_path / "results.md").read_text()
+    assert "## m (bench tier)" in text and "## m (realistic tier)" in text
+    assert ("Tiers, one run: bench (m) at 4 layers, hidden 128, seq 128, batch 4, dropout 0.0; realistic (m) at "
+            "8 layers, hidden 512, seq 512, batch 2, dropout 0.0;") in text
+    assert fr.plot_file("realistic/m") == "frontier_realistic_m.png" and fr.plot_file("m") == "frontier_m.png"
+    # the page reads back with its tiers, and a merge replaces a point of one tier only
+    back_meta, back = fr.read_frontier(tmp_path)
+    assert [(r["tier"], fr.label(r)) for r in back] == [(r["tier"], fr.label(r)) for r in rs]
+    new = [dict(row("hyper_ac", "full", 150, 1.25), tier="realistic")]
+    _, merged = fr.merge_frontier(back_meta, back, _meta("python -m benchmarks C", ["hyper_ac"], 1.0), new)
+    fulls = {r["tier"]: r["peak_bytes"] for r in merged if fr.label(r) == "hyper_ac full"}
+    assert fulls == {"bench": 49 * MiB, "realistic": 150 * MiB}
+
+
+def test_tiers_choose_shapes_and_models_and_refuse_what_contradicts_them(capsys):
+    import pytest
+
+    from benchmarks import cli
+    from benchmarks.common import TIERS
+
+    args = cli._parse(["--parts", "frontier", "--tiers", "realistic", "bench", "--models", "bert", "llama"])
+    groups = cli.frontier_groups(args, None, ())
+    assert [(tier, models) for tier, _, models in groups] == [("realistic", ("llama",)), ("bench", ("llama", "bert"))]
+    assert groups[0][1] == TIERS["realistic"].spec and groups[0][1].hidden == 512 and groups[0][1].seq == 512
+    assert groups[1][1] == TIERS["bench"].spec
+    # without --tiers: the one shape given
+    plain = cli._parse(["--parts", "frontier"])
+    assert cli.frontier_groups(plain, "SPEC", ("gpt2",)) == [(None, "SPEC", ("gpt2",))]
+    for argv, said in ((["--tiers", "bench"], "--tiers is for the frontier part alone"),
+                       (["--parts", "frontier", "--tiers", "bench", "--hidden", "256"], "drop --hidden"),
+                       (["--parts", "frontier", "--tiers", "realistic", "--models", "bert"],
+                        "--models bert: in none of the tiers realistic"),
+                       (["--parts", "frontier", "--tiers", "bench", "--frontier-merge", "x"], "drop --frontier-merge")):
+        with pytest.raises(SystemExit):
+            cli._parse(argv)
+        assert said in capsys.readouterr().err
