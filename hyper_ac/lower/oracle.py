@@ -139,9 +139,12 @@ def _concrete(sizes) -> Optional[tuple]:
     return tuple(out)
 
 
-def _zeros_like(value: torch.Tensor) -> torch.Tensor:
+def _zeros_like(value: Any) -> Any:
     """A real input for a placeholder: zeros, or for a CPU generator's state (a replayed random
-    op's), the generator's current one (an all-zero state is refused by the generator)."""
+    op's), the generator's current one (an all-zero state is refused by the generator); a size
+    (a dynamic shape's SymInt) is its hint."""
+    if isinstance(value, (int, torch.SymInt)):
+        return _concrete([value])[0]
     state = torch.get_rng_state()
     if value.dtype == torch.uint8 and _concrete(value.shape) == tuple(state.shape) and value.device.type == "cpu":
         return state
@@ -182,6 +185,10 @@ def why_not_measurable(*modules: fx.GraphModule) -> Optional[str]:
     for gm in modules:
         for node in _placeholders(gm):
             value = fx_meta.val(node)
+            if isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool):
+                if _concrete([value]) is None:
+                    return f"input {node.name!r} is a size without a hint (data-dependent)"
+                continue  # a dynamic size: run at its hint, the example the graph was traced with
             if not isinstance(value, torch.Tensor):
                 return f"input {node.name!r} is not a tensor ({type(value).__name__})"
             if value.device.type != "cpu":
@@ -377,14 +384,20 @@ def _remember(key: str, figure: int) -> None:
         _MEASURED.popitem(last=False)
 
 
+def _size_key(size: Any) -> str:
+    """A size in a measurement's key: a symbolic one with its hint (``s0=128``)."""
+    return f"{size}={size.node.hint}" if isinstance(size, torch.SymInt) else str(size)
+
+
 def _value_key(value: Any) -> tuple:
     """What a placeholder's example value contributes to a measurement's key: a tensor's layout
-    (symbolic sizes by their expressions), a number itself, anything else its type."""
+    (symbolic sizes by their expressions and hints: a dry run measures at the hints), a number
+    itself, anything else its type."""
     if isinstance(value, torch.Tensor):
-        return ("tensor", tuple(str(d) for d in value.shape), tuple(str(d) for d in value.stride()),
+        return ("tensor", tuple(map(_size_key, value.shape)), tuple(map(_size_key, value.stride())),
                 str(value.dtype), str(value.device), value.requires_grad)
     if isinstance(value, (bool, int, float, str, torch.SymInt, torch.SymFloat)):
-        return (type(value).__name__, str(value))
+        return (type(value).__name__, _size_key(value))
     return (type(value).__name__,)
 
 

@@ -24,19 +24,20 @@ def _model(layers=2, seq=128):
     return model, models.example_batch("llama", batch=1, seq=seq, vocab=2048)
 
 
-def _step(config, **shape):
+def _step(config, dynamic=None, **shape):
     """(measured peak of the second step, outputs kept through its backward; the plans) of a fresh model
-    compiled with Inductor; config None: stock."""
+    compiled with Inductor (``dynamic`` as torch.compile takes it); config None: stock."""
     import torch._functorch.config as functorch_config
 
     torch._dynamo.reset()
     model, batch = _model(**shape)
     plans: list = []
     if config is None:
-        run = torch.compile(model)
+        run = torch.compile(model, dynamic=dynamic)
     else:
-        run = torch.compile(model, backend=hyper_ac.backend(config, model=model, compiler="inductor",
-                                                            on_result=lambda r: plans.append(r.plan)))
+        run = torch.compile(model, dynamic=dynamic,
+                            backend=hyper_ac.backend(config, model=model, compiler="inductor",
+                                                     on_result=lambda r: plans.append(r.plan)))
     with functorch_config.patch(enable_autograd_cache=False), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run(**batch).loss.backward()
@@ -67,6 +68,21 @@ def test_dry_run_equals_the_real_step(config, stock_peak):
     assert stats["measured_peak_after"] > stats["measured_stock_lower_bound"] > 0
     assert stats["measured_stock_lower_bound"] <= stats["measured_stock_peak"]
     assert peak < stock_peak
+
+
+def test_a_dynamic_shape_graph_is_measured_at_its_hint():
+    """torch.compile(dynamic=True): the sizes are inputs of the graph (SymInt placeholders); the dry
+    run runs them at their hints, the shape the graph was traced with, and measures the real step
+    at that shape (before, such a graph was not measurable and kept the simulation)."""
+    stock, _ = _step(None, dynamic=True)
+    peak, plans = _step({"ac_mode": "selective"}, dynamic=True)
+    assert len(plans) == 1
+    graph = plans[0]
+    stats = graph["stats"]
+    assert stats["oracle_calls"] >= 2, stats
+    assert abs(stats["measured_peak_after"] - peak) <= SLACK_BYTES, (stats, peak)
+    assert abs(stats["measured_stock_peak"] - stock) <= SLACK_BYTES, (stats, stock)
+    assert peak < stock
 
 
 def test_a_plan_under_stocks_lower_bound_spares_the_stock_compile():
@@ -292,3 +308,28 @@ def test_a_graph_compiled_again_is_planned_from_the_figures_measured_before():
     for key in ("measured_peak_after", "oracle_calls", "measured_stock_lower_bound", "recompute_seconds"):
         assert again[0]["stats"][key] == first[0]["stats"][key], key
     assert abs(again_peak - first_peak) <= SLACK_BYTES
+
+
+def test_a_dynamic_size_is_keyed_and_run_at_its_hint_and_an_unbacked_one_is_not_measurable():
+    """Two graphs alike but for a size's hint are two measurements; a size without a hint
+    (data-dependent) cannot be run, so the graph keeps the simulation."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+    from hyper_ac.lower import oracle
+
+    def size(hint):
+        env = ShapeEnv()
+        symbol = env.create_symbol(hint, source=ConstantSource("n"), dynamic_dim=DimDynamic.DYNAMIC)
+        return env.create_symintnode(symbol, hint=hint)
+
+    assert oracle._value_key(size(128)) != oracle._value_key(size(64))
+    assert oracle._zeros_like(size(128)) == 128
+    graph = torch.fx.Graph()
+    node = graph.placeholder("n")
+    node.meta["val"] = ShapeEnv().create_unbacked_symint()
+    graph.output(node)
+    unbacked = torch.fx.GraphModule(torch.nn.Module(), graph)
+    assert oracle.why_not_measurable(unbacked) == "input 'n' is a size without a hint (data-dependent)"
+    node.meta["val"] = size(32)
+    assert oracle.why_not_measurable(unbacked) is None
