@@ -86,10 +86,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                         help="frontier part: only the points of these names (as the table's point column, e.g. "
                              "'auto (measured)'), stock's always")
     parser.add_argument("--tiers", nargs="+", default=None, choices=list(TIERS), metavar="T",
-                        help="frontier part: measure each of these tiers, at its own shape and models (bench: "
-                             f"{' '.join(TIERS['bench'].models)}; realistic: {' '.join(TIERS['realistic'].models)} at "
-                             "8 layers, hidden 512, seq 512, batch 2), in one run onto one page; --models keeps "
-                             "those of each tier's models")
+                        help="frontier part: measure each of these tiers, at its own shape and models ("
+                             + "; ".join(f"{name}: {' '.join(tier.models)} at {tier.spec.layers} layers, hidden "
+                                         f"{tier.spec.hidden}, seq {tier.spec.seq}, batch {tier.spec.batch}"
+                                         for name, tier in TIERS.items())
+                             + "), in one run onto one page; --models keeps those of each tier's models")
     parser.add_argument("--frontier-merge", default=None, metavar="DIR",
                         help="frontier part: write DIR's earlier page with this run's rows in place of the same "
                              "points (stock's rows stay DIR's; the header names both commands)")

@@ -32,12 +32,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import DEFAULT_MODELS, ModelSpec, build_batch, build_model
+from benchmarks.common import DEFAULT_MODELS, TIERS, ModelSpec, build_batch, build_model
 from benchmarks.provenance import code_commit, machine_load
 
 MODES = ("off", "full", "selective", "auto", "budget 0.5")
-REALISTIC = ModelSpec(layers=8, hidden=512, heads=4, seq=512, batch=2)
-BENCH = ModelSpec()
+REALISTIC = TIERS["realistic"].spec
+BENCH = TIERS["bench"].spec
 CHECKOUT = Path(__file__).resolve().parent.parent
 EIGHT_B = ["--hf-config", str(CHECKOUT / "examples" / "hf_configs" / "llama3_8b.json"), "--seq", "8192",
            "--batch", "1", "--dtype", "bf16", "--hardware", "h100", "--device-memory", "80GiB"]
